@@ -1,0 +1,1 @@
+"""Slurm training clusters: specs, provisioning backends, operations, pages and APIs."""

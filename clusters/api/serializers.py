@@ -1,0 +1,109 @@
+"""Serializers for the console's own REST API."""
+
+from rest_framework import serializers
+
+from ..models import Cluster, ClusterEvent, Node, NodePool, Operation, Project
+
+
+class ProjectSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Project
+        fields = ["slug", "name"]
+
+
+class NodePoolSerializer(serializers.ModelSerializer):
+    id = serializers.CharField(source="pool_id")
+
+    class Meta:
+        model = NodePool
+        fields = ["id", "role", "machine_type", "accelerator_type", "accelerator_count", "node_count", "zone"]
+
+
+class OperationSerializer(serializers.ModelSerializer):
+    id = serializers.UUIDField(source="uuid")
+    cluster = serializers.CharField(source="cluster.name")
+    done = serializers.BooleanField(source="is_done")
+
+    class Meta:
+        model = Operation
+        fields = [
+            "id",
+            "cluster",
+            "kind",
+            "status",
+            "done",
+            "progress",
+            "step",
+            "error",
+            "log",
+            "attempts",
+            "created",
+            "started",
+            "finished",
+        ]
+
+
+class ClusterSerializer(serializers.ModelSerializer):
+    id = serializers.CharField(source="name")
+    project = serializers.CharField(source="project.slug")
+    node_pools = NodePoolSerializer(many=True)
+    latest_operation = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Cluster
+        fields = [
+            "id",
+            "project",
+            "display_name",
+            "location",
+            "backend",
+            "status",
+            "status_message",
+            "node_pools",
+            "spec",
+            "latest_operation",
+            "created",
+            "updated",
+        ]
+
+    def get_latest_operation(self, cluster) -> dict | None:
+        operation = cluster.latest_operation()
+        return OperationSerializer(operation).data if operation else None
+
+
+class ClusterCreateSerializer(serializers.Serializer):
+    cluster_id = serializers.CharField(help_text="The cluster's id within its project, e.g. 'llama-train'.")
+    spec = serializers.JSONField(help_text="The managed service's cluster JSON (display_name, node_pools, ...).")
+
+
+class ClusterUpdateSerializer(serializers.Serializer):
+    spec = serializers.JSONField(help_text="The whole new spec; only node counts (scaling_spec) may change.")
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    node_pool = serializers.CharField(source="node_pool.pool_id")
+    role = serializers.CharField(source="node_pool.role")
+
+    class Meta:
+        model = Node
+        fields = ["name", "node_pool", "role", "state", "slurm_state", "slurm_reason", "slurm_seen"]
+
+
+class EventSerializer(serializers.ModelSerializer):
+    operation = serializers.UUIDField(source="operation.uuid", allow_null=True, default=None)
+
+    class Meta:
+        model = ClusterEvent
+        fields = ["created", "level", "node", "message", "operation"]
+
+
+class JobSerializer(serializers.Serializer):
+    job_id = serializers.IntegerField()
+    name = serializers.CharField()
+    user = serializers.CharField()
+    state = serializers.CharField()
+    partition = serializers.CharField()
+    nodes = serializers.CharField()
+    node_count = serializers.IntegerField()
+    reason = serializers.CharField()
+    exit_code = serializers.IntegerField(allow_null=True)

@@ -1,0 +1,15 @@
+"""URLs of the console's REST API (mounted at /api/v1/)."""
+
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("projects/", views.ProjectList.as_view(), name="api-projects"),
+    path("projects/<slug:project>/clusters/", views.ClusterList.as_view(), name="api-clusters"),
+    path("projects/<slug:project>/clusters/<slug:cluster>/", views.ClusterDetail.as_view(), name="api-cluster"),
+    path("projects/<slug:project>/clusters/<slug:cluster>/nodes/", views.ClusterNodes.as_view(), name="api-nodes"),
+    path("projects/<slug:project>/clusters/<slug:cluster>/jobs/", views.ClusterJobs.as_view(), name="api-jobs"),
+    path("projects/<slug:project>/clusters/<slug:cluster>/events/", views.ClusterEvents.as_view(), name="api-events"),
+    path("projects/<slug:project>/operations/<uuid:operation>/", views.OperationDetail.as_view(), name="api-operation"),
+]

@@ -1,0 +1,151 @@
+"""The console's own REST API: projects, clusters, operations, nodes, jobs and events."""
+
+from dataclasses import asdict
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, status
+from rest_framework.exceptions import APIException
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import services
+from ..models import Cluster, Operation, Project
+from ..spec import SpecError
+from .serializers import (
+    ClusterCreateSerializer,
+    ClusterSerializer,
+    ClusterUpdateSerializer,
+    EventSerializer,
+    JobSerializer,
+    NodeSerializer,
+    OperationSerializer,
+    ProjectSerializer,
+)
+
+
+class ServiceUnavailable(APIException):
+    status_code = 503
+    default_detail = "Slurm is not answering."
+
+
+def project_for(request, slug):
+    """The project, or 404 when it does not exist or the user is not a member (no difference shown)."""
+    return get_object_or_404(Project.objects.for_user(request.user), slug=slug)
+
+
+def cluster_for(request, project, name):
+    return get_object_or_404(
+        Cluster.objects.live().select_related("project"), project=project_for(request, project), name=name
+    )
+
+
+def spec_error_response(exc):
+    errors = dict(exc.errors)
+    body = {"cluster_id": errors.pop("cluster_id")} if "cluster_id" in errors else {}
+    if errors:
+        body["spec"] = errors
+    return Response(body, status=status.HTTP_400_BAD_REQUEST)
+
+
+def console_error_response(exc):
+    return Response({"detail": exc.message}, status=exc.code)
+
+
+def accepted(operation):
+    return Response(OperationSerializer(operation).data, status=status.HTTP_202_ACCEPTED)
+
+
+class ProjectList(generics.ListAPIView):
+    serializer_class = ProjectSerializer
+
+    def get_queryset(self):
+        return Project.objects.for_user(self.request.user)
+
+
+class ClusterList(APIView):
+    @extend_schema(responses=ClusterSerializer(many=True))
+    def get(self, request, project):
+        clusters = Cluster.objects.live().filter(project=project_for(request, project)).select_related("project")
+        return Response(ClusterSerializer(clusters.prefetch_related("node_pools"), many=True).data)
+
+    @extend_schema(request=ClusterCreateSerializer, responses={202: OperationSerializer})
+    def post(self, request, project):
+        project = project_for(request, project)
+        body = ClusterCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            operation = services.create_cluster(
+                project=project,
+                name=body.validated_data["cluster_id"],
+                spec=body.validated_data["spec"],
+                user=request.user,
+            )
+        except SpecError as exc:
+            return spec_error_response(exc)
+        except services.ConsoleError as exc:
+            return console_error_response(exc)
+        return accepted(operation)
+
+
+class ClusterDetail(APIView):
+    @extend_schema(responses=ClusterSerializer)
+    def get(self, request, project, cluster):
+        return Response(ClusterSerializer(cluster_for(request, project, cluster)).data)
+
+    @extend_schema(request=ClusterUpdateSerializer, responses={202: OperationSerializer})
+    def patch(self, request, project, cluster):
+        cluster = cluster_for(request, project, cluster)
+        body = ClusterUpdateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            operation = services.update_cluster(cluster=cluster, spec=body.validated_data["spec"], user=request.user)
+        except SpecError as exc:
+            return spec_error_response(exc)
+        except services.ConsoleError as exc:
+            return console_error_response(exc)
+        return accepted(operation)
+
+    @extend_schema(responses={202: OperationSerializer})
+    def delete(self, request, project, cluster):
+        cluster = cluster_for(request, project, cluster)
+        try:
+            operation = services.delete_cluster(cluster=cluster, user=request.user)
+        except services.ConsoleError as exc:
+            return console_error_response(exc)
+        return accepted(operation)
+
+
+class ClusterNodes(APIView):
+    @extend_schema(responses=NodeSerializer(many=True))
+    def get(self, request, project, cluster):
+        cluster = cluster_for(request, project, cluster)
+        services.refresh_nodes(cluster)
+        return Response(NodeSerializer(cluster.nodes.select_related("node_pool"), many=True).data)
+
+
+class ClusterJobs(APIView):
+    @extend_schema(responses=JobSerializer(many=True))
+    def get(self, request, project, cluster):
+        jobs, error = services.list_jobs(cluster_for(request, project, cluster))
+        if error:
+            raise ServiceUnavailable(error)
+        return Response([asdict(job) for job in jobs])
+
+
+class ClusterEvents(generics.ListAPIView):
+    serializer_class = EventSerializer
+
+    def get_queryset(self):
+        cluster = cluster_for(self.request, self.kwargs["project"], self.kwargs["cluster"])
+        return cluster.events.select_related("operation")
+
+
+class OperationDetail(generics.RetrieveAPIView):
+    serializer_class = OperationSerializer
+
+    def get_object(self):
+        project = project_for(self.request, self.kwargs["project"])
+        return get_object_or_404(
+            Operation.objects.select_related("cluster"), cluster__project=project, uuid=self.kwargs["operation"]
+        )

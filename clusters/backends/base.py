@@ -1,0 +1,107 @@
+"""The backend contract: what every cluster backend (local Slurm, Compute Engine) must provide.
+
+A backend turns a cluster's desired state (its Node rows and spec) into real machines and a running
+Slurm, and reports what Slurm sees. The service layer owns the Operation row, progress and events;
+a backend only hands it an ordered list of named steps and runs them when asked.
+
+Rules every backend keeps:
+
+* Steps are idempotent. A step run twice (a worker died after doing it, or the task was delivered
+  again) finds the work done and does nothing. Names of everything a backend creates are derived
+  from the cluster, never random, so a rerun can find them.
+* Errors are `BackendError`s. `TransientBackendError` means a retry can help (a port in use, a
+  capacity error, an API timeout); `PermanentBackendError` means it cannot (bad quota, bad config).
+* Whatever a backend must remember between steps lives in `cluster.backend_state`, saved with
+  `save_state()`; secrets never do (they live in files or secret stores the backend owns).
+"""
+
+from dataclasses import dataclass, field
+
+
+class BackendError(Exception):
+    """A backend failure with a message fit for the operation's error and the cluster timeline."""
+
+    retryable = False
+
+
+class TransientBackendError(BackendError):
+    retryable = True
+
+
+class PermanentBackendError(BackendError):
+    retryable = False
+
+
+@dataclass
+class Step:
+    """One named, idempotent unit of work; `run()` takes no arguments."""
+
+    name: str
+    run: object
+
+
+@dataclass
+class NodeStatus:
+    name: str
+    state: str  # Slurm's base state, lower case: idle, allocated, mixed, down, drained, ...
+    flags: list = field(default_factory=list)  # DRAIN, NOT_RESPONDING, ...
+    reason: str = ""
+    partitions: list = field(default_factory=list)
+    cpus: int = 0
+    memory_mb: int = 0
+
+    @property
+    def display_state(self):
+        return "+".join([self.state, *[f.lower() for f in self.flags]])
+
+
+@dataclass
+class JobStatus:
+    job_id: int
+    name: str
+    user: str
+    state: str
+    partition: str
+    nodes: str
+    node_count: int
+    reason: str = ""
+    exit_code: int | None = None
+    submit_time: int = 0
+    start_time: int = 0
+    end_time: int = 0
+
+
+class Backend:
+    """Base class; subclasses set `name` and implement every method below."""
+
+    name = ""
+    label = ""
+
+    def validate_spec(self, spec):
+        """Yield (field path, message) for what this backend cannot build from a valid spec."""
+        return []
+
+    def apply_steps(self, cluster):
+        """Steps that bring the real cluster to its wanted nodes: create, grow or shrink."""
+        raise NotImplementedError
+
+    def delete_steps(self, cluster):
+        """Steps that remove everything this backend created for the cluster, and nothing else."""
+        raise NotImplementedError
+
+    def node_statuses(self, cluster):
+        """What Slurm says of each node now (a list of NodeStatus)."""
+        raise NotImplementedError
+
+    def jobs(self, cluster):
+        """Slurm's queue now (a list of JobStatus)."""
+        raise NotImplementedError
+
+    def node_shape(self, cluster, pool):
+        """(cpus, memory_mb, gres) each node of `pool` gets on this backend; shown on the cluster page."""
+        raise NotImplementedError
+
+    @staticmethod
+    def save_state(cluster, **values):
+        cluster.backend_state = {**cluster.backend_state, **values}
+        type(cluster).objects.filter(pk=cluster.pk).update(backend_state=cluster.backend_state)

@@ -1,0 +1,358 @@
+"""The `local` backend: a real Slurm cluster on this machine, one directory per cluster.
+
+Each cluster gets its own munged (own key and socket), its own slurmctld and one `slurmd -N <node>`
+per compute node, all on their own ports, with slurm.conf, state, spool and logs under
+LOCAL_CLUSTERS_DIR/c<cluster id>. The login node is this machine itself: `SLURM_CONF=<dir>/slurm.conf`
+makes sinfo, sbatch and squeue talk to the cluster.
+"""
+
+import hashlib
+import os
+import random
+import secrets
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from ..choices import ClusterStatus, NodeState
+from ..spec import pool_node_count
+from ..spec.catalog import machine_type_info
+from . import processes
+from .base import Backend, PermanentBackendError, Step, TransientBackendError
+from .slurm import parse_sinfo, parse_squeue, run_client
+
+
+@dataclass(frozen=True)
+class ClusterPaths:
+    root: Path
+
+    @property
+    def conf(self):
+        return self.root / "slurm.conf"
+
+    @property
+    def secrets(self):
+        return self.root / "secrets"
+
+    @property
+    def munge_key(self):
+        return self.secrets / "munge.key"
+
+    @property
+    def munge_dir(self):
+        return self.root / "munge"
+
+    @property
+    def munge_socket(self):
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def state(self):
+        return self.root / "state"
+
+    @property
+    def spool(self):
+        return self.root / "spool"
+
+    @property
+    def logs(self):
+        return self.root / "log"
+
+    @property
+    def jobs(self):
+        """Where job output goes by default: the cluster's shared 'home'."""
+        return self.root / "home"
+
+
+def host_memory_mb():
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+
+
+def port_is_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+class LocalBackend(Backend):
+    name = "local"
+    label = "Local Slurm on this machine"
+
+    # -- contract -----------------------------------------------------------------------------
+
+    def validate_spec(self, spec):
+        login = spec["orchestrator_spec"]["slurm_spec"].get("login_node_pool_id")
+        total = sum(pool_node_count(p) for p in spec["node_pools"] if p.get("id") != login)
+        if total > settings.LOCAL_MAX_NODES:
+            yield (
+                "node_pools",
+                f"the local backend runs at most {settings.LOCAL_MAX_NODES} compute nodes on this machine; "
+                f"this spec asks for {total} (use the gce backend for more)",
+            )
+
+    def node_shape(self, cluster, pool):
+        """Each local node is 1 CPU and an equal share of half this machine's memory, capped at the spec's."""
+        total = max(1, cluster.compute_nodes().count())
+        share = max(256, host_memory_mb() // 2 // total)
+        info = machine_type_info(pool.machine_type)
+        wanted = info.memory_gb * 1024 if info else share
+        return 1, min(share, wanted), ""
+
+    def apply_steps(self, cluster):
+        paths = self.paths(cluster)
+        wanted = list(cluster.compute_nodes().select_related("node_pool"))
+        leaving = list(cluster.nodes.filter(state=NodeState.DELETING))
+        steps = [
+            Step("Prepare the cluster directory and munge key", lambda: self.prepare(paths)),
+            Step("Start munged", lambda: self.start_munged(paths)),
+            Step("Assign ports", lambda: self.assign_ports(cluster, wanted)),
+        ]
+        steps += [Step(f"Stop slurmd on {n.name}", lambda n=n: self.stop_slurmd(paths, n.name)) for n in leaving]
+        steps += [
+            Step("Write slurm.conf", lambda: self.write_conf(cluster, paths, wanted)),
+            Step("Start slurmctld", lambda: self.start_slurmctld(cluster, paths)),
+        ]
+        steps += [
+            Step(f"Start slurmd on {n.name}", lambda n=n: self.start_slurmd(cluster, paths, n.name)) for n in wanted
+        ]
+        steps += [
+            Step("Reconfigure running nodes", lambda: self.reconfigure(cluster, paths, [n.name for n in wanted])),
+            Step("Wait for nodes to register idle", lambda: self.wait_idle(paths, [n.name for n in wanted])),
+        ]
+        return steps
+
+    def delete_steps(self, cluster):
+        paths = self.paths(cluster)
+        return [
+            Step("Stop slurmd on every node", lambda: processes.stop(processes.find_pids("slurmd", str(paths.conf)))),
+            Step("Stop slurmctld", lambda: processes.stop(processes.find_pids("slurmctld", str(paths.conf)))),
+            Step("Stop munged", lambda: processes.stop(processes.find_pids("munged", str(paths.munge_socket)))),
+            Step("Remove the cluster directory", lambda: shutil.rmtree(paths.root, ignore_errors=True)),
+        ]
+
+    def node_statuses(self, cluster):
+        paths = self.paths(cluster)
+        if not paths.conf.exists():
+            return []
+        return parse_sinfo(run_client(paths.conf, "sinfo", "--json", timeout=10).stdout)
+
+    def jobs(self, cluster):
+        paths = self.paths(cluster)
+        if not paths.conf.exists():
+            return []
+        return parse_squeue(run_client(paths.conf, "squeue", "--json", timeout=10).stdout)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def paths(self, cluster):
+        return ClusterPaths(Path(settings.LOCAL_CLUSTERS_DIR) / f"c{cluster.pk}")
+
+    def client_env(self, cluster):
+        """Environment for running Slurm commands against this cluster from the login shell."""
+        return {"SLURM_CONF": str(self.paths(cluster).conf)}
+
+    def prepare(self, paths):
+        for folder in (paths.root, paths.munge_dir, paths.state, paths.spool, paths.logs, paths.jobs):
+            folder.mkdir(parents=True, exist_ok=True)
+        paths.munge_dir.chmod(0o755)
+        paths.secrets.mkdir(mode=0o700, exist_ok=True)
+        if not paths.munge_key.exists():
+            tmp = paths.secrets / f".munge.key.{os.getpid()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(secrets.token_bytes(128))
+            os.replace(tmp, paths.munge_key)
+        if len(str(paths.munge_socket)) > 100:
+            raise PermanentBackendError(
+                f"LOCAL_CLUSTERS_DIR is too deep for munge's socket ({paths.munge_socket}); choose a shorter path"
+            )
+
+    def start_munged(self, paths):
+        if processes.find_pids("munged", str(paths.munge_socket)):
+            return
+        result = processes.start_daemon(
+            [
+                processes.program("munged"),
+                "--force",
+                f"--socket={paths.munge_socket}",
+                f"--key-file={paths.munge_key}",
+                f"--pid-file={paths.munge_dir / 'munged.pid'}",
+                f"--log-file={paths.logs / 'munged.log'}",
+                f"--seed-file={paths.munge_dir / 'munged.seed'}",
+            ]
+        )
+        if not processes.wait_for(paths.munge_socket.exists, timeout=10):
+            raise TransientBackendError(f"munged did not start: {result.stderr.strip() or 'no socket after 10 s'}")
+
+    def assign_ports(self, cluster, wanted):
+        ports = dict(cluster.backend_state.get("ports", {}))
+        nodes = {n: p for n, p in ports.get("nodes", {}).items() if n in {w.name for w in wanted}}
+        taken = self.ports_in_use() | set(nodes.values())
+        if "slurmctld" not in ports:
+            ports["slurmctld"] = self.pick_port(taken)
+        taken.add(ports["slurmctld"])
+        for node in wanted:
+            if node.name not in nodes:
+                nodes[node.name] = self.pick_port(taken)
+                taken.add(nodes[node.name])
+        ports["nodes"] = nodes
+        self.save_state(cluster, ports=ports)
+
+    def ports_in_use(self):
+        from ..models import Cluster
+
+        used = set()
+        for state in (
+            Cluster.objects.filter(backend=self.name)
+            .exclude(status=ClusterStatus.DELETED)
+            .values_list("backend_state", flat=True)
+        ):
+            ports = (state or {}).get("ports", {})
+            used.update([ports.get("slurmctld"), *ports.get("nodes", {}).values()])
+        return used
+
+    def pick_port(self, taken):
+        low, high = settings.LOCAL_PORT_RANGE
+        for _ in range(200):
+            port = random.randint(low, high)
+            if port not in taken and port_is_free(port):
+                return port
+        raise TransientBackendError(f"no free port found between {low} and {high}")
+
+    def render_conf(self, cluster, paths, wanted):
+        ports = cluster.backend_state["ports"]
+        lines = [
+            "# Written by the console's local backend; edits are overwritten on the next update.",
+            f"ClusterName=c{cluster.pk}{cluster.display_name}"[:40],
+            "SlurmctldHost=localhost(127.0.0.1)",
+            f"SlurmctldPort={ports['slurmctld']}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            # cred_expire=10: a requeued job may start again after ~11 s instead of ~121 s.
+            f"AuthInfo=socket={paths.munge_socket},cred_expire=10",
+            f"StateSaveLocation={paths.state}",
+            f"SlurmdSpoolDir={paths.spool}/%n",
+            f"SlurmctldPidFile={paths.root}/slurmctld.pid",
+            f"SlurmdPidFile={paths.spool}/slurmd-%n.pid",
+            f"SlurmctldLogFile={paths.logs}/slurmctld.log",
+            f"SlurmdLogFile={paths.logs}/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "MpiDefault=none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core_Memory",
+            "SchedulerType=sched/backfill",
+            # Nodes are declared smaller than the machine; trust the declaration.
+            "SlurmdParameters=config_overrides",
+            "ReturnToService=2",
+            "SlurmdTimeout=10",
+            "JobRequeue=1",
+            # Every node is this host: no message fan-out through other slurmds.
+            "TreeWidth=65533",
+            "MailProg=/bin/true",
+            "",
+        ]
+        by_pool = {}
+        for node in wanted:
+            cpus, memory, _gres = self.node_shape(cluster, node.node_pool)
+            lines.append(
+                f"NodeName={node.name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={ports['nodes'][node.name]} "
+                f"CPUs={cpus} RealMemory={memory} State=UNKNOWN"
+            )
+            by_pool.setdefault(node.node_pool_id, []).append(node.name)
+        lines.append("")
+        for partition in cluster.partitions.prefetch_related("node_pools"):
+            names = [n for pool in partition.node_pools.all() for n in by_pool.get(pool.pk, [])]
+            if not names:
+                continue
+            default = "YES" if partition.is_default else "NO"
+            lines.append(
+                f"PartitionName={partition.name} Nodes={','.join(names)} Default={default} MaxTime=INFINITE State=UP"
+            )
+        return "\n".join(lines) + "\n"
+
+    def write_conf(self, cluster, paths, wanted):
+        text = self.render_conf(cluster, paths, wanted)
+        if paths.conf.exists() and paths.conf.read_text() == text:
+            return
+        tmp = paths.root / ".slurm.conf.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, paths.conf)
+
+    def conf_digest(self, paths):
+        return hashlib.sha256(paths.conf.read_bytes()).hexdigest()
+
+    def start_slurmctld(self, cluster, paths):
+        """Start slurmctld, or restart it if it runs with an older node list (Slurm 22.05 needs that)."""
+        digest = self.conf_digest(paths)
+        running = processes.find_pids("slurmctld", str(paths.conf))
+        if running and cluster.backend_state.get("slurmctld_conf") == digest:
+            return
+        if running:
+            processes.stop(running)
+        result = processes.start_daemon([processes.program("slurmctld"), "-f", str(paths.conf)])
+        if result.returncode != 0:
+            raise TransientBackendError(f"slurmctld failed to start: {result.stderr.strip()}")
+        if not processes.wait_for(lambda: self.controller_up(paths), timeout=30, interval=0.2):
+            raise TransientBackendError(f"slurmctld is not answering; see {paths.logs / 'slurmctld.log'}")
+        self.save_state(cluster, slurmctld_conf=digest)
+
+    def controller_up(self, paths):
+        result = run_client(paths.conf, "scontrol", "ping", timeout=5, check=False)
+        return "UP" in result.stdout
+
+    def start_slurmd(self, cluster, paths, node):
+        if processes.find_pids("slurmd", str(paths.conf), node):
+            return
+        if settings.LOCAL_NODE_START_DELAY:
+            time.sleep(settings.LOCAL_NODE_START_DELAY)
+        (paths.spool / node).mkdir(parents=True, exist_ok=True)
+        result = processes.start_daemon([processes.program("slurmd"), "-f", str(paths.conf), "-N", node])
+        if result.returncode != 0:
+            raise TransientBackendError(f"slurmd {node} failed to start: {result.stderr.strip()}")
+        started = cluster.backend_state.get("slurmd_conf", {})
+        self.save_state(cluster, slurmd_conf={**started, node: self.conf_digest(paths)})
+
+    def stop_slurmd(self, paths, node):
+        processes.stop(processes.find_pids("slurmd", str(paths.conf), node))
+
+    def reconfigure(self, cluster, paths, names):
+        """Make slurmds started with an older slurm.conf read the new one."""
+        digest = self.conf_digest(paths)
+        started = {n: d for n, d in cluster.backend_state.get("slurmd_conf", {}).items() if n in names}
+        if all(conf == digest for conf in started.values()):
+            return
+        run_client(paths.conf, "scontrol", "reconfigure", timeout=30)
+        self.save_state(cluster, slurmd_conf=dict.fromkeys(started, digest))
+
+    def wait_idle(self, paths, names):
+        def not_ready():
+            statuses = {s.name: s for s in parse_sinfo(run_client(paths.conf, "sinfo", "--json").stdout)}
+            return {
+                name: statuses[name].display_state if name in statuses else "missing"
+                for name in names
+                if name not in statuses
+                or statuses[name].state not in ("idle", "mixed", "allocated")
+                or "NOT_RESPONDING" in statuses[name].flags
+            }
+
+        deadline = time.monotonic() + settings.LOCAL_NODE_IDLE_TIMEOUT
+        waiting = not_ready()
+        while waiting and time.monotonic() < deadline:
+            time.sleep(0.2)
+            waiting = not_ready()
+        if waiting:
+            detail = ", ".join(f"{n}: {s}" for n, s in sorted(waiting.items()))
+            raise TransientBackendError(
+                f"nodes did not become idle within {settings.LOCAL_NODE_IDLE_TIMEOUT:.0f} s ({detail})"
+            )

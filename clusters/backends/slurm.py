@@ -1,0 +1,67 @@
+"""Slurm client commands and parsers for their `--json` output, shared by the backends."""
+
+import json
+import subprocess
+
+from .base import JobStatus, NodeStatus, TransientBackendError
+from .processes import program
+
+
+def run_client(conf, *args, timeout=20, check=True):
+    """Run a Slurm client command (sinfo, squeue, scontrol, sbatch) against the cluster's slurm.conf."""
+    env = {"SLURM_CONF": str(conf), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
+    try:
+        result = subprocess.run([program(args[0]), *args[1:]], env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TransientBackendError(f"{args[0]} did not answer within {timeout} s") from None
+    if check and result.returncode != 0:
+        message = (result.stderr or result.stdout).strip().splitlines()
+        raise TransientBackendError(f"{' '.join(args[:2])} failed: {message[-1] if message else result.returncode}")
+    return result
+
+
+def parse_sinfo(text):
+    data = json.loads(text)
+    return [
+        NodeStatus(
+            name=node["name"],
+            state=str(node.get("state", "unknown")).lower(),
+            flags=[str(f) for f in node.get("state_flags") or []],
+            reason=node.get("reason") or "",
+            partitions=node.get("partitions") or [],
+            cpus=node.get("cpus") or 0,
+            memory_mb=node.get("real_memory") or 0,
+        )
+        for node in data.get("nodes", [])
+    ]
+
+
+def _number(value):
+    # Later Slurm releases wrap numbers as {"set": true, "number": N}.
+    if isinstance(value, dict):
+        return value.get("number") if value.get("set", True) else None
+    return value
+
+
+def parse_squeue(text):
+    data = json.loads(text)
+    jobs = []
+    for job in data.get("jobs", []):
+        state = job.get("job_state")
+        jobs.append(
+            JobStatus(
+                job_id=int(job["job_id"]),
+                name=job.get("name", ""),
+                user=job.get("user_name", ""),
+                state=state[0] if isinstance(state, list) else str(state),
+                partition=job.get("partition", ""),
+                nodes=job.get("nodes", ""),
+                node_count=_number(job.get("node_count")) or 0,
+                reason=job.get("state_reason", ""),
+                exit_code=_number(job.get("exit_code")),
+                submit_time=_number(job.get("submit_time")) or 0,
+                start_time=_number(job.get("start_time")) or 0,
+                end_time=_number(job.get("end_time")) or 0,
+            )
+        )
+    return jobs

@@ -1,0 +1,303 @@
+"""Projects, clusters, their node pools, partitions and nodes, operations and the event timeline."""
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.urls import reverse
+from django.utils import timezone
+
+from .choices import (
+    CLUSTER_STATUS_COLOURS,
+    EVENT_LEVEL_COLOURS,
+    NODE_STATE_COLOURS,
+    OPERATION_STATUS_COLOURS,
+    SLURM_STATE_COLOURS,
+    ClusterStatus,
+    EventLevel,
+    NodeRole,
+    NodeState,
+    OperationKind,
+    OperationStatus,
+)
+
+
+class ProjectQuerySet(models.QuerySet):
+    def for_user(self, user):
+        if not user.is_authenticated:
+            return self.none()
+        return self.filter(members=user)
+
+
+class Project(models.Model):
+    """The unit of access: a user sees the clusters of the projects they are a member of."""
+
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="projects", blank=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    objects = ProjectQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self):
+        return self.slug
+
+
+class ClusterQuerySet(models.QuerySet):
+    def for_user(self, user):
+        return self.filter(project__in=Project.objects.for_user(user))
+
+    def live(self):
+        return self.exclude(status=ClusterStatus.DELETED)
+
+
+class Cluster(models.Model):
+    project = models.ForeignKey(Project, models.CASCADE, related_name="clusters")
+    # The cluster's id within its project (the service's model_development_cluster_id).
+    name = models.SlugField(max_length=63)
+    location = models.CharField(max_length=63, blank=True)
+    backend = models.CharField(max_length=32)
+    # The spec exactly as accepted (snake_case), the source of truth for what the cluster should be.
+    spec = models.JSONField()
+    status = models.CharField(max_length=16, choices=ClusterStatus.choices, default=ClusterStatus.DRAFT)
+    status_message = models.CharField(max_length=500, blank=True)
+    # Whatever the backend needs to find its resources again (directories, ports, resource names).
+    backend_state = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+    updated = models.DateTimeField(auto_now=True)
+
+    objects = ClusterQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["project__slug", "name"]
+        constraints = [
+            # A deleted cluster frees its id; a failed one keeps it until it is deleted.
+            models.UniqueConstraint(
+                fields=["project", "name"],
+                condition=~Q(status=ClusterStatus.DELETED),
+                name="unique_live_cluster_name",
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.project.slug}/{self.name}"
+
+    def get_absolute_url(self):
+        return reverse("cluster-detail", args=[self.project.slug, self.name])
+
+    @property
+    def display_name(self):
+        return self.spec.get("display_name", self.name)
+
+    @property
+    def status_colour(self):
+        return CLUSTER_STATUS_COLOURS[self.status]
+
+    @property
+    def is_busy(self):
+        return self.status in ClusterStatus.busy()
+
+    @property
+    def is_usable(self):
+        return self.status in ClusterStatus.usable()
+
+    @property
+    def is_deletable(self):
+        return self.status in ClusterStatus.deletable()
+
+    def set_status(self, new, *, expected, message=""):
+        """Compare-and-set: move to `new` only from one of `expected`; returns whether it moved."""
+        moved = Cluster.objects.filter(pk=self.pk, status__in=expected).update(
+            status=new, status_message=message[:500], updated=timezone.now()
+        )
+        if moved:
+            self.status, self.status_message = new, message[:500]
+        return bool(moved)
+
+    def active_operation(self):
+        return self.operations.filter(status__in=OperationStatus.active()).order_by("created").first()
+
+    def latest_operation(self):
+        return self.operations.order_by("-created").first()
+
+    def wanted_nodes(self):
+        return self.nodes.filter(state__in=NodeState.wanted())
+
+    def compute_nodes(self):
+        return self.wanted_nodes().filter(node_pool__role=NodeRole.COMPUTE)
+
+
+class NodePool(models.Model):
+    """A group of identical machines (the spec's node_pools[]); the login pool is one too."""
+
+    cluster = models.ForeignKey(Cluster, models.CASCADE, related_name="node_pools")
+    pool_id = models.CharField(max_length=63)
+    role = models.CharField(max_length=8, choices=NodeRole.choices, default=NodeRole.COMPUTE)
+    machine_type = models.CharField(max_length=63)
+    accelerator_type = models.CharField(max_length=63, blank=True)
+    accelerator_count = models.PositiveIntegerField(default=0)
+    node_count = models.PositiveIntegerField()
+    zone = models.CharField(max_length=63, blank=True)
+    provisioning_model = models.CharField(max_length=16, blank=True)
+
+    class Meta:
+        ordering = ["cluster", "role", "pool_id"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "pool_id"], name="unique_pool_per_cluster")]
+
+    def __str__(self):
+        return f"{self.cluster}:{self.pool_id}"
+
+
+class Partition(models.Model):
+    """A Slurm partition over one or more node pools."""
+
+    cluster = models.ForeignKey(Cluster, models.CASCADE, related_name="partitions")
+    name = models.CharField(max_length=63)
+    node_pools = models.ManyToManyField(NodePool, related_name="partitions")
+    is_default = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["cluster", "-is_default", "name"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="unique_partition_per_cluster")]
+
+    def __str__(self):
+        return f"{self.cluster}:{self.name}"
+
+
+class Node(models.Model):
+    cluster = models.ForeignKey(Cluster, models.CASCADE, related_name="nodes")
+    node_pool = models.ForeignKey(NodePool, models.CASCADE, related_name="nodes")
+    # The Slurm node name (NodeName=), unique within the cluster.
+    name = models.CharField(max_length=100)
+    index = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.PENDING)
+    slurm_state = models.CharField(max_length=64, blank=True)
+    slurm_reason = models.CharField(max_length=500, blank=True)
+    slurm_seen = models.DateTimeField(null=True, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["cluster", "node_pool__pool_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="unique_node_per_cluster")]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def state_colour(self):
+        return NODE_STATE_COLOURS[self.state]
+
+    @property
+    def slurm_colour(self):
+        base = self.slurm_state.split("+")[0].lower()
+        return SLURM_STATE_COLOURS.get(base, "grey")
+
+    @property
+    def partition_names(self):
+        return [p.name for p in self.node_pool.partitions.all()]
+
+
+class Operation(models.Model):
+    """A create, update, delete or scan: created before it is enqueued, then worked by one task."""
+
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    cluster = models.ForeignKey(Cluster, models.CASCADE, related_name="operations")
+    kind = models.CharField(max_length=8, choices=OperationKind.choices)
+    status = models.CharField(max_length=10, choices=OperationStatus.choices, default=OperationStatus.PENDING)
+    progress = models.PositiveSmallIntegerField(default=0)
+    step = models.CharField(max_length=200, blank=True)
+    # [{"at": iso time, "step": name, "message": text}], appended as steps finish.
+    log = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True)
+    # What the operation is asked to do, e.g. the previous spec of an update.
+    params = models.JSONField(default=dict, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    heartbeat = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self):
+        return f"{self.get_kind_display()} {self.cluster} ({self.status})"
+
+    @property
+    def is_done(self):
+        return self.status in OperationStatus.done()
+
+    @property
+    def status_colour(self):
+        return OPERATION_STATUS_COLOURS[self.status]
+
+    def claim(self, stale_before):
+        """Compare-and-set: take a pending operation, or a running one whose worker went silent."""
+        claimed = (
+            Operation.objects.filter(pk=self.pk)
+            .filter(Q(status=OperationStatus.PENDING) | Q(status=OperationStatus.RUNNING, heartbeat__lt=stale_before))
+            .update(
+                status=OperationStatus.RUNNING,
+                attempts=F("attempts") + 1,
+                heartbeat=timezone.now(),
+                started=timezone.now(),
+            )
+        )
+        if claimed:
+            self.refresh_from_db()
+        return bool(claimed)
+
+    def report(self, *, progress, step, message=""):
+        """Record progress and prove the worker is alive; appends to the step log when given a message."""
+        now = timezone.now()
+        self.progress, self.step, self.heartbeat = progress, step[:200], now
+        fields = ["progress", "step", "heartbeat"]
+        if message:
+            self.log = [*self.log, {"at": now.isoformat(), "step": step, "message": message}]
+            fields.append("log")
+        Operation.objects.filter(pk=self.pk, status=OperationStatus.RUNNING).update(
+            **{f: getattr(self, f) for f in fields}
+        )
+
+    def finish(self, status, *, error=""):
+        moved = Operation.objects.filter(pk=self.pk, status__in=OperationStatus.active()).update(
+            status=status,
+            error=error,
+            progress=100 if status == OperationStatus.SUCCEEDED else F("progress"),
+            finished=timezone.now(),
+            heartbeat=timezone.now(),
+        )
+        self.refresh_from_db()
+        return bool(moved)
+
+    def release(self, message):
+        """Hand a running operation back to PENDING so a retry can claim it."""
+        self.log = [*self.log, {"at": timezone.now().isoformat(), "step": self.step, "message": message}]
+        Operation.objects.filter(pk=self.pk, status=OperationStatus.RUNNING).update(
+            status=OperationStatus.PENDING, log=self.log
+        )
+
+
+class ClusterEvent(models.Model):
+    cluster = models.ForeignKey(Cluster, models.CASCADE, related_name="events")
+    operation = models.ForeignKey(Operation, models.SET_NULL, null=True, blank=True, related_name="events")
+    node = models.CharField(max_length=100, blank=True)
+    level = models.CharField(max_length=8, choices=EventLevel.choices, default=EventLevel.INFO)
+    message = models.TextField()
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self):
+        return self.message[:80]
+
+    @property
+    def level_colour(self):
+        return EVENT_LEVEL_COLOURS[self.level]

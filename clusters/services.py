@@ -1,0 +1,354 @@
+"""Cluster services: every way in (REST, compatible REST, browser) creates, updates and deletes here.
+
+Each request creates the Operation row in the same transaction as its cluster change and enqueues the
+worker task only after that transaction commits. The task calls `run_operation`, which claims the
+operation with a compare-and-set, runs the backend's idempotent steps and reports progress.
+"""
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from .backends import BackendError, TransientBackendError, all_backends, get_backend
+from .choices import ClusterStatus, EventLevel, NodeRole, NodeState, OperationKind, OperationStatus
+from .models import Cluster, ClusterEvent, Node, NodePool, Operation, Partition
+from .spec import SpecError, pool_node_count, validate_spec
+from .spec.validator import RESOURCE_ID
+
+log = logging.getLogger(__name__)
+
+
+class ConsoleError(Exception):
+    """An error with a message for the user; `code` is the HTTP status the API answers with."""
+
+    code = 400
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.message = message
+
+
+class AlreadyExists(ConsoleError):
+    code = 409
+
+
+class Conflict(ConsoleError):
+    code = 409
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+def validate_request(name, spec):
+    """The validated spec; raises SpecError naming every bad field, the cluster id among them."""
+    errors = {}
+    if not isinstance(name, str) or not RESOURCE_ID.match(name):
+        errors["cluster_id"] = ["must be 1-63 lowercase letters, digits or hyphens, starting with a letter"]
+    try:
+        spec = validate_spec(spec, backends=all_backends())
+    except SpecError as exc:
+        errors.update(exc.errors)
+    if errors:
+        raise SpecError(errors)
+    return spec
+
+
+def create_cluster(*, project, name, spec, user=None, location=""):
+    """Validate, record the cluster with its pools, partitions and nodes, and enqueue provisioning."""
+    spec = validate_request(name, spec)
+    backend = (spec.get("console") or {}).get("backend") or settings.DEFAULT_CLUSTER_BACKEND
+    location = location or region_of(spec)
+    with transaction.atomic():
+        if Cluster.objects.live().filter(project=project, name=name).exists():
+            raise AlreadyExists(f"Cluster '{name}' already exists in project '{project.slug}'")
+        cluster = Cluster.objects.create(
+            project=project,
+            name=name,
+            location=location,
+            backend=backend,
+            spec=spec,
+            status=ClusterStatus.PROVISIONING,
+            created_by=user,
+        )
+        build_topology(cluster, spec)
+        operation = start_operation(cluster, OperationKind.CREATE, user, f"Create requested by {user or 'system'}")
+    return operation
+
+
+def update_cluster(*, cluster, spec, user=None):
+    """Apply a new spec; only node counts (scaling_spec) may change after creation."""
+    spec = validate_spec(spec, backends=all_backends())
+    changed = immutable_changes(cluster.spec, spec)
+    if changed:
+        raise SpecError({path: ["cannot change after the cluster is created"] for path in changed})
+    with transaction.atomic():
+        previous = cluster.spec
+        if not cluster.set_status(ClusterStatus.UPDATING, expected=ClusterStatus.usable()):
+            raise Conflict(
+                f"Cluster '{cluster.name}' is {cluster.get_status_display().lower()}; try again when it is ready"
+            )
+        cluster.spec = spec
+        cluster.save(update_fields=["spec", "updated"])
+        summary = resize_pools(cluster, spec)
+        operation = start_operation(
+            cluster,
+            OperationKind.UPDATE,
+            user,
+            f"Update requested by {user or 'system'}: {summary or 'no node count changes'}",
+            params={"previous_spec": previous},
+        )
+    return operation
+
+
+def delete_cluster(*, cluster, user=None):
+    with transaction.atomic():
+        if not cluster.set_status(ClusterStatus.DELETING, expected=ClusterStatus.deletable()):
+            raise Conflict(
+                f"Cluster '{cluster.name}' is {cluster.get_status_display().lower()}; it can be deleted once that ends"
+            )
+        operation = start_operation(cluster, OperationKind.DELETE, user, f"Delete requested by {user or 'system'}")
+    return operation
+
+
+def region_of(spec):
+    zone = next((p.get("zone") for p in spec.get("node_pools", []) if p.get("zone")), "")
+    return zone.rsplit("-", 1)[0] if zone else ""
+
+
+def build_topology(cluster, spec):
+    slurm = spec["orchestrator_spec"]["slurm_spec"]
+    login = slurm["login_node_pool_id"]
+    pools = {}
+    for item in spec["node_pools"]:
+        machine = item["machine_spec"]
+        pool = NodePool.objects.create(
+            cluster=cluster,
+            pool_id=item["id"],
+            role=NodeRole.LOGIN if item["id"] == login else NodeRole.COMPUTE,
+            machine_type=machine["machine_type"],
+            accelerator_type=machine.get("accelerator_type", ""),
+            accelerator_count=machine.get("accelerator_count", 0) or 0,
+            node_count=pool_node_count(item),
+            zone=item.get("zone", ""),
+            provisioning_model=item.get("provisioning_model", "ON_DEMAND"),
+        )
+        pools[pool.pool_id] = pool
+        add_nodes(pool, range(pool.node_count))
+    for i, item in enumerate(slurm["partitions"]):
+        partition = Partition.objects.create(cluster=cluster, name=item["id"], is_default=i == 0)
+        partition.node_pools.set([pools[p] for p in item["node_pool_ids"]])
+
+
+def node_name(pool, index):
+    return f"{pool.pool_id}-{index}"
+
+
+def add_nodes(pool, indices):
+    Node.objects.bulk_create(
+        Node(cluster=pool.cluster, node_pool=pool, name=node_name(pool, i), index=i) for i in indices
+    )
+
+
+def resize_pools(cluster, spec):
+    """Add Node rows for grown pools and mark the highest-numbered ones of shrunk pools for removal."""
+    counts = {p["id"]: pool_node_count(p) for p in spec["node_pools"]}
+    changes = []
+    for pool in cluster.node_pools.all():
+        wanted = counts[pool.pool_id]
+        current = list(pool.nodes.filter(state__in=NodeState.wanted()).order_by("index"))
+        if wanted > len(current):
+            start = max([n.index for n in pool.nodes.all()], default=-1) + 1
+            add_nodes(pool, range(start, start + wanted - len(current)))
+        elif wanted < len(current):
+            Node.objects.filter(pk__in=[n.pk for n in current[wanted:]]).update(state=NodeState.DELETING)
+        if wanted != len(current):
+            changes.append(f"{pool.pool_id} {len(current)} → {wanted} nodes")
+        pool.node_count = wanted
+        pool.save(update_fields=["node_count"])
+    return ", ".join(changes)
+
+
+def immutable_changes(old, new):
+    """Field paths that differ between two specs, other than node counts."""
+
+    def strip(spec):
+        return {
+            **spec,
+            "node_pools": [{k: v for k, v in p.items() if k != "scaling_spec"} for p in spec.get("node_pools", [])],
+        }
+
+    return sorted(differences(strip(old), strip(new)))
+
+
+def differences(a, b, path=""):
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            yield from differences(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            yield from differences(x, y, f"{path}[{i}]")
+    elif a != b:
+        yield path or "spec"
+
+
+def start_operation(cluster, kind, user, message, params=None):
+    operation = Operation.objects.create(cluster=cluster, kind=kind, created_by=user, params=params or {})
+    record_event(cluster, message, operation=operation)
+    enqueue(operation)
+    return operation
+
+
+def enqueue(operation):
+    from .tasks import run_operation_task
+
+    transaction.on_commit(lambda: run_operation_task.delay(operation.pk))
+
+
+def record_event(cluster, message, *, level=EventLevel.INFO, operation=None, node=""):
+    log.info("cluster %s: %s", cluster, message)
+    return ClusterEvent.objects.create(cluster=cluster, message=message, level=level, operation=operation, node=node)
+
+
+# -- work (runs in a Celery worker) ------------------------------------------------------------
+
+
+def run_operation(operation_id, stale_after=None):
+    """Claim and run an operation; a second delivery of a finished or running one does nothing.
+
+    A RUNNING operation is taken over only when its worker has been silent for `stale_after` seconds.
+    """
+    operation = Operation.objects.select_related("cluster").get(pk=operation_id)
+    if operation.is_done:
+        return
+    stale_after = settings.OPERATION_STALE_AFTER if stale_after is None else stale_after
+    if not operation.claim(stale_before=timezone.now() - timedelta(seconds=stale_after)):
+        log.info("operation %s is being worked elsewhere; skipping", operation_id)
+        return
+    cluster = operation.cluster
+    if operation.attempts > 1:
+        record_event(
+            cluster,
+            f"Resuming {operation.get_kind_display().lower()} (attempt {operation.attempts})",
+            operation=operation,
+        )
+    backend = get_backend(cluster.backend)
+    try:
+        if operation.kind == OperationKind.DELETE:
+            run_steps(operation, backend.delete_steps(cluster))
+            finish_delete(operation)
+        else:
+            cluster.wanted_nodes().filter(state=NodeState.PENDING).update(state=NodeState.PROVISIONING)
+            run_steps(operation, backend.apply_steps(cluster))
+            finish_apply(operation)
+    except TransientBackendError as exc:
+        operation.release(f"Will retry: {exc}")
+        raise
+    except BackendError as exc:
+        fail_operation(operation.pk, str(exc))
+    except Exception as exc:
+        log.exception("operation %s failed", operation_id)
+        fail_operation(operation.pk, f"Internal error: {exc.__class__.__name__}: {exc}")
+
+
+def run_steps(operation, steps):
+    total = len(steps)
+    for i, step in enumerate(steps):
+        operation.report(progress=round(100 * i / total), step=step.name)
+        started = time.monotonic()
+        step.run()
+        operation.report(
+            progress=round(100 * (i + 1) / total),
+            step=step.name,
+            message=f"{step.name}: done in {time.monotonic() - started:.1f} s",
+        )
+
+
+def finish_apply(operation):
+    cluster = operation.cluster
+    cluster.nodes.filter(state=NodeState.DELETING).delete()
+    cluster.wanted_nodes().update(state=NodeState.READY)
+    busy = ClusterStatus.PROVISIONING if operation.kind == OperationKind.CREATE else ClusterStatus.UPDATING
+    count = cluster.compute_nodes().count()
+    cluster.set_status(ClusterStatus.READY, expected=[busy])
+    operation.finish(OperationStatus.SUCCEEDED)
+    verb = "Cluster ready" if operation.kind == OperationKind.CREATE else "Update done"
+    record_event(cluster, f"{verb}: {count} compute node{'s' if count != 1 else ''} idle in Slurm", operation=operation)
+
+
+def finish_delete(operation):
+    cluster = operation.cluster
+    cluster.nodes.all().delete()
+    cluster.set_status(ClusterStatus.DELETED, expected=[ClusterStatus.DELETING])
+    operation.finish(OperationStatus.SUCCEEDED)
+    record_event(cluster, "Cluster deleted; every process and file it had is gone", operation=operation)
+
+
+def fail_operation(operation_id, message):
+    """Mark the operation failed and move its cluster to the state that failure leaves it in."""
+    operation = Operation.objects.select_related("cluster").get(pk=operation_id)
+    if not operation.finish(OperationStatus.FAILED, error=message):
+        return
+    cluster = operation.cluster
+    if operation.kind == OperationKind.UPDATE:
+        cluster.set_status(ClusterStatus.DEGRADED, expected=[ClusterStatus.UPDATING], message=message)
+    else:
+        busy = ClusterStatus.PROVISIONING if operation.kind == OperationKind.CREATE else ClusterStatus.DELETING
+        cluster.set_status(ClusterStatus.FAILED, expected=[busy], message=message)
+    cluster.wanted_nodes().filter(state=NodeState.PROVISIONING).update(state=NodeState.FAILED)
+    record_event(
+        cluster,
+        f"{operation.get_kind_display()} failed at '{operation.step}': {message}",
+        level=EventLevel.ERROR,
+        operation=operation,
+    )
+
+
+def resume_stale_operations(stale_after=None):
+    """Enqueue again operations whose worker died (silent too long) or whose message was lost."""
+    stale_after = settings.OPERATION_STALE_AFTER if stale_after is None else stale_after
+    cutoff = timezone.now() - timedelta(seconds=stale_after)
+    stale = Operation.objects.filter(status=OperationStatus.RUNNING, heartbeat__lt=cutoff) | Operation.objects.filter(
+        status=OperationStatus.PENDING, created__lt=cutoff
+    )
+    ids = list(stale.values_list("pk", flat=True))
+    from .tasks import run_operation_task
+
+    for pk in ids:
+        run_operation_task.delay(pk, stale_after=stale_after)
+    return ids
+
+
+# -- reading live state ------------------------------------------------------------------------
+
+
+def refresh_nodes(cluster):
+    """Ask Slurm for every node's state and store it; returns an error message when Slurm is unreachable."""
+    if cluster.status in (ClusterStatus.DELETED, ClusterStatus.DRAFT):
+        return ""
+    try:
+        statuses = {s.name: s for s in get_backend(cluster.backend).node_statuses(cluster)}
+    except (BackendError, OSError, ValueError) as exc:
+        return f"Slurm is not answering: {exc}"
+    now = timezone.now()
+    for node in cluster.nodes.filter(node_pool__role=NodeRole.COMPUTE):
+        status = statuses.get(node.name)
+        if status is None:
+            continue
+        Node.objects.filter(pk=node.pk).update(
+            slurm_state=status.display_state, slurm_reason=status.reason, slurm_seen=now
+        )
+    return ""
+
+
+def list_jobs(cluster):
+    """(jobs, error message) from Slurm's queue."""
+    if cluster.status not in ClusterStatus.usable() | {ClusterStatus.UPDATING}:
+        return [], ""
+    try:
+        return get_backend(cluster.backend).jobs(cluster), ""
+    except (BackendError, OSError, ValueError) as exc:
+        return [], f"Slurm is not answering: {exc}"

@@ -1,0 +1,53 @@
+"""Machine types and regions the spec may name, read from clusters/data/machine_types.json."""
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+# The regions the managed service offers (its public "Create cluster" page; see shared reference).
+REGIONS = (
+    "us-central1",
+    "us-east1",
+    "us-east4",
+    "us-east5",
+    "us-south1",
+    "us-west1",
+    "us-west4",
+    "asia-southeast1",
+    "europe-west1",
+    "europe-west4",
+    "europe-north1",
+)
+
+
+@dataclass(frozen=True)
+class MachineType:
+    name: str
+    vcpus: int
+    memory_gb: int
+    accelerator_type: str = ""
+    accelerator_count: int = 0
+
+
+@cache
+def _catalog():
+    return json.loads((DATA / "machine_types.json").read_text())
+
+
+def machine_type_info(name):
+    """The machine type's shape, or None when it is not one the console knows."""
+    data = _catalog()
+    if name in data["fixed"]:
+        return MachineType(name=name, **data["fixed"][name])
+    match = re.fullmatch(r"(?P<family>[a-z0-9]+)-(?P<kind>standard|highmem|highcpu)-(?P<vcpus>\d+)", name)
+    if not match:
+        return None
+    family = data["families"].get(match["family"])
+    vcpus = int(match["vcpus"])
+    if not family or match["kind"] not in family or vcpus not in family["vcpus"]:
+        return None
+    return MachineType(name=name, vcpus=vcpus, memory_gb=vcpus * family[match["kind"]])

@@ -1,0 +1,314 @@
+"""The one validator for cluster specs (the managed service's cluster JSON plus the console's block).
+
+It serves the REST API, the compatible v1beta1 surface, the browser forms and the admin. Errors are
+collected, never raised one at a time, and each names its field path (`node_pools[1].scaling_spec`).
+"""
+
+import re
+
+from .catalog import REGIONS, machine_type_info
+
+ACCELERATOR_TYPES = ("NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB", "NVIDIA_B200")
+PROVISIONING_MODELS = ("ON_DEMAND", "SPOT", "RESERVATION", "FLEX_START")
+BOOT_DISK_TYPES = ("pd-standard", "pd-balanced", "pd-ssd", "hyperdisk-balanced", "hyperdisk-extreme")
+DISPLAY_NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
+RESOURCE_ID = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
+ZONE = re.compile(r"^(?P<region>[a-z]+-[a-z]+[0-9]+)-[a-z]$")
+
+TOP_LEVEL = {
+    "display_name",
+    "network",
+    "node_pools",
+    "orchestrator_spec",
+    "runtime_spec",
+    "description",
+    "labels",
+    "console",
+}
+NODE_POOL = {
+    "id",
+    "machine_spec",
+    "provisioning_model",
+    "scaling_spec",
+    "zone",
+    "enable_public_ips",
+    "boot_disk",
+    "lustres",
+    "filestores",
+    "startup_script",
+}
+MACHINE_SPEC = {"machine_type", "accelerator_type", "accelerator_count", "reservation_affinity"}
+SLURM_SPEC = {
+    "partitions",
+    "login_node_pool_id",
+    "home_directory_storage",
+    "accounting",
+    "scheduling",
+    "prolog_bash_scripts",
+    "epilog_bash_scripts",
+}
+CONSOLE = {"backend"}
+
+
+class SpecError(Exception):
+    """A spec that cannot be accepted; `errors` maps field paths to messages."""
+
+    def __init__(self, errors):
+        super().__init__("; ".join(f"{path}: {', '.join(msgs)}" for path, msgs in errors.items()))
+        self.errors = errors
+
+
+def snake_case(key):
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
+
+
+def normalize(value):
+    """Proto-JSON accepts camelCase field names; the console keeps the docs' snake_case."""
+    if isinstance(value, dict):
+        return {snake_case(k): normalize(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalize(v) for v in value]
+    return value
+
+
+class Errors:
+    def __init__(self):
+        self.by_path = {}
+
+    def add(self, path, message):
+        self.by_path.setdefault(path or "spec", []).append(message)
+
+    def __bool__(self):
+        return bool(self.by_path)
+
+
+def join(path, key):
+    return f"{path}.{key}" if path else key
+
+
+def expect_object(errors, value, path, allowed, required=()):
+    """Check `value` is an object with only known keys; returns it (or {} when it is not)."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        errors.add(path, "must be an object")
+        return {}
+    for key in sorted(set(value) - allowed):
+        errors.add(join(path, key), "unknown field")
+    for key in required:
+        if value.get(key) in (None, "", []):
+            errors.add(join(path, key), "is required")
+    return value
+
+
+def expect_list(errors, value, path):
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        errors.add(path, "must be a list")
+        return []
+    return value
+
+
+def expect_int(errors, value, path, minimum=0):
+    # JSON numbers for int64 fields may arrive as strings in proto-JSON.
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        errors.add(path, "must be an integer")
+        return None
+    if value < minimum:
+        errors.add(path, f"must be at least {minimum}")
+        return None
+    return value
+
+
+def validate_spec(data, *, backends):
+    """Return the normalised spec, or raise SpecError with every problem found.
+
+    `backends` maps backend names to backend objects; the chosen one adds its own limits.
+    """
+    errors = Errors()
+    if not isinstance(data, dict):
+        raise SpecError({"spec": ["must be a JSON object"]})
+    spec = normalize(data)
+    expect_object(errors, spec, "", TOP_LEVEL, required=("display_name", "node_pools", "orchestrator_spec"))
+
+    name = spec.get("display_name")
+    if name and (not isinstance(name, str) or not DISPLAY_NAME.match(name)):
+        errors.add("display_name", "must be 1-10 lowercase letters or digits, starting with a letter (e.g. 'llama01')")
+
+    pools = validate_node_pools(errors, spec.get("node_pools"))
+    validate_network(errors, spec.get("network"))
+    validate_slurm(errors, spec.get("orchestrator_spec"), pools)
+    console = expect_object(errors, spec.get("console"), "console", CONSOLE)
+    backend_name = console.get("backend") or next(iter(backends))
+    backend = backends.get(backend_name)
+    if backend is None:
+        errors.add("console.backend", f"unknown backend '{backend_name}'; choose one of: {', '.join(backends)}")
+    elif not errors:
+        for path, message in backend.validate_spec(spec):
+            errors.add(path, message)
+    if errors:
+        raise SpecError(errors.by_path)
+    return spec
+
+
+def validate_node_pools(errors, value):
+    """Check node_pools[]; returns {pool id: pool} for the pools whose id is valid."""
+    pools = {}
+    items = expect_list(errors, value, "node_pools")
+    if value is not None and not items and isinstance(value, list):
+        errors.add("node_pools", "needs at least a login pool and one compute pool")
+    zones = set()
+    for i, pool in enumerate(items):
+        path = f"node_pools[{i}]"
+        pool = expect_object(errors, pool, path, NODE_POOL, required=("id", "machine_spec", "scaling_spec", "zone"))
+        pool_id = pool.get("id")
+        if pool_id is not None:
+            if not isinstance(pool_id, str) or not RESOURCE_ID.match(pool_id):
+                errors.add(f"{path}.id", "must be lowercase letters, digits and hyphens, starting with a letter")
+            elif pool_id in pools:
+                errors.add(f"{path}.id", f"duplicate node pool id '{pool_id}'")
+            else:
+                pools[pool_id] = pool
+        validate_machine_spec(errors, pool.get("machine_spec"), f"{path}.machine_spec", pool.get("provisioning_model"))
+        validate_scaling(errors, pool.get("scaling_spec"), f"{path}.scaling_spec")
+        zone = pool.get("zone")
+        if zone:
+            match = ZONE.match(zone) if isinstance(zone, str) else None
+            if not match:
+                errors.add(f"{path}.zone", "must be a zone such as 'us-central1-a'")
+            elif match["region"] not in REGIONS:
+                errors.add(
+                    f"{path}.zone", f"region '{match['region']}' is not offered; use one of: {', '.join(REGIONS)}"
+                )
+            else:
+                zones.add(zone)
+        model = pool.get("provisioning_model")
+        if model is not None and model not in PROVISIONING_MODELS:
+            errors.add(f"{path}.provisioning_model", f"must be one of: {', '.join(PROVISIONING_MODELS)}")
+        validate_boot_disk(errors, pool.get("boot_disk"), f"{path}.boot_disk")
+        for key in ("lustres", "filestores"):
+            for j, item in enumerate(expect_list(errors, pool.get(key), f"{path}.{key}")):
+                if not isinstance(item, str) or not item:
+                    errors.add(f"{path}.{key}[{j}]", "must be an instance resource name")
+        script = pool.get("startup_script")
+        if script is not None and not isinstance(script, str):
+            errors.add(f"{path}.startup_script", "must be a string")
+    if len(zones) > 1:
+        errors.add("node_pools", f"all node pools must be in one zone; found {', '.join(sorted(zones))}")
+    return pools
+
+
+def validate_machine_spec(errors, value, path, provisioning_model):
+    spec = expect_object(errors, value, path, MACHINE_SPEC, required=("machine_type",))
+    machine_type = spec.get("machine_type")
+    if not machine_type:
+        return
+    info = machine_type_info(machine_type)
+    if info is None:
+        errors.add(f"{path}.machine_type", f"unknown machine type '{machine_type}'")
+        return
+    accelerator = spec.get("accelerator_type")
+    count = spec.get("accelerator_count")
+    if accelerator is not None and accelerator not in ACCELERATOR_TYPES:
+        errors.add(f"{path}.accelerator_type", f"must be one of: {', '.join(ACCELERATOR_TYPES)}")
+    elif info.accelerator_type and accelerator and accelerator != info.accelerator_type:
+        errors.add(f"{path}.accelerator_type", f"{machine_type} comes with {info.accelerator_type}, not {accelerator}")
+    elif not info.accelerator_type and accelerator:
+        errors.add(f"{path}.accelerator_type", f"{machine_type} has no accelerators")
+    if count is not None:
+        count = expect_int(errors, count, f"{path}.accelerator_count")
+        if count is not None and count != info.accelerator_count:
+            errors.add(f"{path}.accelerator_count", f"{machine_type} has exactly {info.accelerator_count} accelerators")
+    affinity = spec.get("reservation_affinity")
+    if provisioning_model == "RESERVATION" and not affinity:
+        errors.add(f"{path}.reservation_affinity", "is required when provisioning_model is RESERVATION")
+    if affinity is not None:
+        affinity = expect_object(
+            errors, affinity, f"{path}.reservation_affinity", {"reservation_affinity_type", "key", "values"}
+        )
+        kind = affinity.get("reservation_affinity_type")
+        if kind == "SPECIFIC_RESERVATION" and not affinity.get("values"):
+            errors.add(f"{path}.reservation_affinity.values", "name the reservation to use")
+
+
+def validate_scaling(errors, value, path):
+    scaling = expect_object(errors, value, path, {"min_node_count", "max_node_count"}, required=())
+    low, high = scaling.get("min_node_count"), scaling.get("max_node_count")
+    if low is None and high is None:
+        if value is not None:
+            errors.add(path, "set min_node_count and max_node_count")
+        return
+    low = expect_int(errors, low if low is not None else high, f"{path}.min_node_count")
+    high = expect_int(errors, high if high is not None else low, f"{path}.max_node_count")
+    if low is not None and high is not None and low != high:
+        errors.add(path, "min_node_count must equal max_node_count (clusters do not autoscale)")
+
+
+def validate_boot_disk(errors, value, path):
+    if value is None:
+        return
+    disk = expect_object(errors, value, path, {"boot_disk_type", "boot_disk_size_gb"})
+    kind = disk.get("boot_disk_type")
+    if kind is not None and kind not in BOOT_DISK_TYPES:
+        errors.add(f"{path}.boot_disk_type", f"must be one of: {', '.join(BOOT_DISK_TYPES)}")
+    size = disk.get("boot_disk_size_gb")
+    if size is not None:
+        expect_int(errors, size, f"{path}.boot_disk_size_gb", minimum=10)
+
+
+def validate_network(errors, value):
+    if value is None:
+        return
+    network = expect_object(errors, value, "network", {"network", "subnetwork"})
+    for key in ("network", "subnetwork"):
+        if key in network and not isinstance(network[key], str):
+            errors.add(f"network.{key}", "must be a resource name")
+
+
+def validate_slurm(errors, value, pools):
+    orchestrator = expect_object(errors, value, "orchestrator_spec", {"slurm_spec"}, required=("slurm_spec",))
+    if "slurm_spec" not in orchestrator:
+        return
+    path = "orchestrator_spec.slurm_spec"
+    slurm = expect_object(errors, orchestrator["slurm_spec"], path, SLURM_SPEC, required=("partitions",))
+    login = slurm.get("login_node_pool_id")
+    if not login:
+        errors.add(f"{path}.login_node_pool_id", "is required")
+    elif login not in pools:
+        errors.add(f"{path}.login_node_pool_id", f"no node pool has id '{login}'")
+    else:
+        count = pools[login].get("scaling_spec", {}).get("min_node_count")
+        if isinstance(count, int) and count < 1:
+            errors.add(f"{path}.login_node_pool_id", "the login pool needs at least one node")
+    seen, used = set(), set()
+    for i, partition in enumerate(expect_list(errors, slurm.get("partitions"), f"{path}.partitions")):
+        ppath = f"{path}.partitions[{i}]"
+        partition = expect_object(errors, partition, ppath, {"id", "node_pool_ids"}, required=("id", "node_pool_ids"))
+        pid = partition.get("id")
+        if pid is not None:
+            if not isinstance(pid, str) or not RESOURCE_ID.match(pid):
+                errors.add(f"{ppath}.id", "must be lowercase letters, digits and hyphens, starting with a letter")
+            elif pid in seen:
+                errors.add(f"{ppath}.id", f"duplicate partition id '{pid}'")
+            seen.add(pid)
+        for j, pool_id in enumerate(expect_list(errors, partition.get("node_pool_ids"), f"{ppath}.node_pool_ids")):
+            if pool_id not in pools:
+                errors.add(f"{ppath}.node_pool_ids[{j}]", f"no node pool has id '{pool_id}'")
+            elif pool_id == login:
+                errors.add(f"{ppath}.node_pool_ids[{j}]", "the login pool cannot be in a partition")
+            used.add(pool_id)
+    for pool_id in pools:
+        if pool_id != login and pool_id not in used:
+            errors.add("node_pools", f"node pool '{pool_id}' is neither the login pool nor in any partition")
+    for key in ("prolog_bash_scripts", "epilog_bash_scripts"):
+        for j, script in enumerate(expect_list(errors, slurm.get(key), f"{path}.{key}")):
+            if not isinstance(script, str):
+                errors.add(f"{path}.{key}[{j}]", "must be a string")
+
+
+def pool_node_count(pool):
+    scaling = pool.get("scaling_spec") or {}
+    return int(scaling.get("min_node_count", scaling.get("max_node_count", 0)))

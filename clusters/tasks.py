@@ -1,0 +1,23 @@
+"""Thin Celery tasks over clusters.services; they take ids, never model instances."""
+
+from celery import shared_task
+from django.conf import settings
+
+from . import services
+from .backends import TransientBackendError
+
+
+@shared_task(bind=True, soft_time_limit=3600, time_limit=3700)
+def run_operation_task(self, operation_id, stale_after=None):
+    try:
+        services.run_operation(operation_id, stale_after=stale_after)
+    except TransientBackendError as exc:
+        if self.request.retries >= settings.OPERATION_MAX_RETRIES:
+            services.fail_operation(operation_id, f"{exc} (gave up after {self.request.retries + 1} attempts)")
+            return
+        raise self.retry(exc=exc, countdown=min(60, 2 ** (self.request.retries + 1))) from None
+
+
+@shared_task(soft_time_limit=60)
+def resume_stale_operations():
+    return services.resume_stale_operations()

@@ -1,0 +1,45 @@
+"""API tokens: only a digest is stored, so a leaked database does not leak working tokens."""
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+TOKEN_PREFIX = "tcc_"
+
+
+def digest(raw):
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class APIToken(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    # The first characters, so a user can tell tokens apart without the secret being kept.
+    prefix = models.CharField(max_length=12, editable=False)
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created = models.DateTimeField(default=timezone.now)
+    last_used = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+    @classmethod
+    def issue(cls, user, name):
+        """Create a token and return (token, raw secret); the secret is shown once and never stored."""
+        raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        token = cls.objects.create(user=user, name=name, prefix=raw[:12], digest=digest(raw))
+        return token, raw
+
+    @classmethod
+    def authenticate(cls, raw):
+        token = cls.objects.select_related("user").filter(digest=digest(raw)).first()
+        if token is None or not token.user.is_active:
+            return None
+        cls.objects.filter(pk=token.pk).update(last_used=timezone.now())
+        return token

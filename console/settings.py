@@ -1,0 +1,187 @@
+"""Settings for the console, read from the environment with defaults that suit a laptop."""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env(name, default=""):
+    return os.environ.get(name, default)
+
+
+def envbool(name, default="False"):
+    return env(name, default).lower() in ("1", "true", "yes", "on")
+
+
+def envint(name, default):
+    return int(env(name, str(default)))
+
+
+def envfloat(name, default):
+    return float(env(name, str(default)))
+
+
+DEBUG = envbool("DEBUG", "True")
+# A development key is fine for a laptop; production must set SECRET_KEY (checked below).
+SECRET_KEY = env("SECRET_KEY", "dev-only-insecure-key-change-me")
+if not DEBUG and SECRET_KEY.startswith("dev-only"):
+    raise RuntimeError("Set SECRET_KEY when DEBUG is off")
+
+ALLOWED_HOSTS = [h for h in env("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in env("CSRF_TRUSTED_ORIGINS").split(",") if o]
+SITE_ROOT = env("SITE_ROOT", "http://localhost:8000")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "console",
+    "clusters",
+    "recipes",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Every page needs a login; DRF views opt out and authenticate themselves.
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+WSGI_APPLICATION = "console.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+VAR_DIR = Path(env("CONSOLE_VAR_DIR", str(BASE_DIR / "var")))
+
+# SQLite by default; DATABASE_URL=postgres://... for several workers on several machines.
+DATABASES = {
+    "default": dj_database_url.parse(
+        env("DATABASE_URL", f"sqlite:///{VAR_DIR / 'console.sqlite3'}"),
+        conn_max_age=envint("DB_CONN_MAX_AGE", 0),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    # The web process and Celery workers write the same file: wait for locks instead of failing,
+    # and take the write lock at BEGIN so two writers never deadlock on an upgrade.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    # Tests run a real Celery worker in another process, so the test database must be a file.
+    DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_PATH", str(VAR_DIR / "test.sqlite3"))}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_IGNORE_RESULT = True
+# A worker that dies mid-task leaves its message unacknowledged, so it is delivered again;
+# the operation's compare-and-set claim makes the second delivery harmless.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT", 3600)}
+CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER")
+CELERY_BEAT_SCHEDULE = {
+    "resume-stale-operations": {
+        "task": "clusters.tasks.resume_stale_operations",
+        "schedule": 60.0,
+    },
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "console.auth.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Training cluster console API",
+    "DESCRIPTION": "Create and manage Slurm training clusters from the managed service's cluster JSON.",
+    "VERSION": "1",
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI's assets are served from this app, not a CDN: consoles often run without internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# Cluster backends: the name in a spec's console.backend picks one of these.
+CLUSTER_BACKENDS = {
+    "local": "clusters.backends.local.LocalBackend",
+}
+DEFAULT_CLUSTER_BACKEND = env("DEFAULT_CLUSTER_BACKEND", "local")
+
+# Local backend: where each cluster's directory (slurm.conf, munge key, state, logs) lives.
+# Keep it short: munge's unix socket lives inside and socket paths are limited to 107 bytes.
+LOCAL_CLUSTERS_DIR = Path(env("LOCAL_CLUSTERS_DIR", str(VAR_DIR / "clusters")))
+LOCAL_MAX_NODES = envint("LOCAL_MAX_NODES", 16)
+LOCAL_PORT_RANGE = (envint("LOCAL_PORT_MIN", 20000), envint("LOCAL_PORT_MAX", 40000))
+LOCAL_NODE_IDLE_TIMEOUT = envfloat("LOCAL_NODE_IDLE_TIMEOUT", 60)
+# Seconds to pause before each slurmd start; only tests set it, to stop a worker mid-provisioning.
+LOCAL_NODE_START_DELAY = envfloat("LOCAL_NODE_START_DELAY", 0)
+
+# An operation whose worker has not reported for this long is taken to be orphaned and re-enqueued.
+OPERATION_STALE_AFTER = envint("OPERATION_STALE_AFTER", 300)
+OPERATION_MAX_RETRIES = envint("OPERATION_MAX_RETRIES", 5)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,21 @@
+"""Top-level URLs: pages, the REST API with its schema and docs, auth and admin."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from . import views
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("tokens/", views.tokens, name="tokens"),
+    path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
+    path("clusters/", include("clusters.urls")),
+    path("api/v1/", include("clusters.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,1 @@
+"""Predefined LLM training recipes (Llama, Gemma) launched as Slurm jobs; filled in by the recipes issue."""

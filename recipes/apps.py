@@ -1,0 +1,7 @@
+"""App config for recipes."""
+
+from django.apps import AppConfig
+
+
+class RecipesConfig(AppConfig):
+    name = "recipes"
