@@ -221,8 +221,8 @@ def run_operation(operation_id, stale_after=None):
 
     A RUNNING operation is taken over only when its worker has been silent for `stale_after` seconds.
     """
-    operation = Operation.objects.select_related("cluster").get(pk=operation_id)
-    if operation.is_done:
+    operation = Operation.objects.select_related("cluster").filter(pk=operation_id).first()
+    if operation is None or operation.is_done:
         return
     stale_after = settings.OPERATION_STALE_AFTER if stale_after is None else stale_after
     if not operation.claim(stale_before=timezone.now() - timedelta(seconds=stale_after)):

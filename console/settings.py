@@ -97,8 +97,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    # Tests run a real Celery worker in another process, so the test database must be a file.
-    DATABASES["default"]["TEST"] = {"NAME": env("TEST_DATABASE_PATH", str(VAR_DIR / "test.sqlite3"))}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

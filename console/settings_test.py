@@ -1,0 +1,24 @@
+"""Settings for the test suite: the real settings with a test Redis database and short paths.
+
+Celery workers started by the tests use these settings too, with CONSOLE_WORKER_USES_TEST_DB=1 so
+they open the test database file that pytest-django created.
+"""
+
+import os
+
+from .settings import *  # noqa: F403
+from .settings import DATABASES, env
+
+REDIS_URL = env("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_ALWAYS_EAGER = False
+TEST_ROOT = env("TEST_ROOT", "/tmp/tcc-tests")
+LOCAL_CLUSTERS_DIR = env("LOCAL_CLUSTERS_DIR", f"{TEST_ROOT}/clusters")
+DATABASES["default"]["TEST"] = {"NAME": f"{TEST_ROOT}/test.sqlite3"}
+if DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
+    DATABASES["default"]["TEST"] = {"NAME": "test_console"}
+if os.environ.get("CONSOLE_WORKER_USES_TEST_DB"):
+    DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]
+os.makedirs(TEST_ROOT, exist_ok=True)
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+LOGGING = {"version": 1, "disable_existing_loggers": False}

@@ -1,0 +1,28 @@
+"""A backend for service tests that fails on purpose: its steps raise what the cluster name asks for."""
+
+from clusters.backends.base import Backend, PermanentBackendError, Step, TransientBackendError
+
+
+class ScriptedBackend(Backend):
+    name = "scripted"
+    label = "Scripted (tests)"
+
+    def steps(self, cluster):
+        def fail():
+            if cluster.name.startswith("flaky"):
+                raise TransientBackendError("zone capacity exhausted, try later")
+            if cluster.name.startswith("broken"):
+                raise PermanentBackendError("quota CPUS exceeded: need 16, have 8")
+
+        return [Step("First step", lambda: None), Step("Second step", fail)]
+
+    apply_steps = delete_steps = steps
+
+    def node_statuses(self, cluster):
+        return []
+
+    def jobs(self, cluster):
+        return []
+
+    def node_shape(self, cluster, pool):
+        return 1, 1024, ""

@@ -1,0 +1,183 @@
+"""Personas, API clients and the real services (Redis, Celery worker, Slurm) the tests use.
+
+alice and bob are members of project "alpha"; charlie is an outsider with a project of his own.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from clusters.backends import processes
+from clusters.models import Project
+from console.models import APIToken
+
+EXAMPLE = Path(settings.BASE_DIR) / "examples" / "cluster-local-cpu.json"
+
+
+def example_spec(**pool_counts):
+    """The shipped example spec, with node counts per pool id changed as asked."""
+    import json
+
+    spec = json.loads(EXAMPLE.read_text())
+    for pool in spec["node_pools"]:
+        if pool["id"] in pool_counts:
+            n = pool_counts[pool["id"]]
+            pool["scaling_spec"] = {"min_node_count": n, "max_node_count": n}
+    return spec
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_user("alice", "alice@example.com", "alice-password")
+
+
+@pytest.fixture
+def bob(django_user_model):
+    return django_user_model.objects.create_user("bob", "bob@example.com", "bob-password")
+
+
+@pytest.fixture
+def charlie(django_user_model):
+    return django_user_model.objects.create_user("charlie", "charlie@example.com", "charlie-password")
+
+
+@pytest.fixture
+def alpha(alice, bob):
+    project = Project.objects.create(slug="alpha", name="Alpha")
+    project.members.add(alice, bob)
+    return project
+
+
+@pytest.fixture
+def charlies_project(charlie):
+    project = Project.objects.create(slug="charlie-lab", name="Charlie's lab")
+    project.members.add(charlie)
+    return project
+
+
+def api_client_for(user):
+    client = APIClient()
+    _token, raw = APIToken.issue(user, "tests")
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
+@pytest.fixture
+def alice_api(alice, alpha):
+    return api_client_for(alice)
+
+
+@pytest.fixture
+def bob_api(bob, alpha):
+    return api_client_for(bob)
+
+
+@pytest.fixture
+def charlie_api(charlie, charlies_project):
+    return api_client_for(charlie)
+
+
+# -- real services ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_broker():
+    """The real Redis the worker uses; its test database is emptied first."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.fail(f"Redis is not running at {settings.REDIS_URL}; start it (scripts/test.sh does)")
+    client.flushdb()
+    return client
+
+
+class Worker:
+    """A real `celery worker` process on the test settings and test database."""
+
+    def __init__(self, log_path, **env):
+        self.log_path = log_path
+        worker_env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "console.settings_test",
+            "CONSOLE_WORKER_USES_TEST_DB": "1",
+            "LOCAL_CLUSTERS_DIR": str(settings.LOCAL_CLUSTERS_DIR),
+            "TEST_REDIS_URL": settings.REDIS_URL,
+            **{k: str(v) for k, v in env.items()},
+        }
+        self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "console",
+                "worker",
+                "--pool=solo",
+                "--loglevel=INFO",
+                "--without-gossip",
+                "--without-mingle",
+                f"--hostname=test-{uuid.uuid4().hex[:8]}@%h",
+            ],
+            env=worker_env,
+            cwd=settings.BASE_DIR,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while "ready." not in Path(log_path).read_text():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"celery worker did not start:\n{Path(log_path).read_text()}")
+            time.sleep(0.2)
+
+    def kill(self):
+        """SIGKILL, as a crashed machine would: no chance to ack or clean up."""
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def celery_worker(redis_broker, tmp_path_factory):
+    redis_broker.flushdb()  # nothing left over from another module's tests
+    worker = Worker(tmp_path_factory.mktemp("worker") / "worker.log")
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture(scope="module")
+def slurm_cleanup():
+    """Stop every daemon of the test clusters and remove their directories when the module ends."""
+    yield
+    root = str(settings.LOCAL_CLUSTERS_DIR)
+    for name in ("slurmd", "slurmctld", "munged"):
+        processes.stop(processes.find_pids(name, root))
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def wait_until(predicate, timeout=60, interval=0.2, message="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {message}")

@@ -1,0 +1,157 @@
+"""The console's REST API: validation, conflicts and who may see what (no worker runs here)."""
+
+import pytest
+
+from clusters.choices import ClusterStatus, NodeState, OperationStatus
+from clusters.models import Cluster, Operation
+
+from .conftest import example_spec
+
+pytestmark = pytest.mark.django_db
+
+CLUSTERS = "/api/v1/projects/alpha/clusters/"
+
+
+def create(client, cluster_id="demo", spec=None):
+    return client.post(CLUSTERS, {"cluster_id": cluster_id, "spec": spec or example_spec()}, format="json")
+
+
+def test_it_creates_a_cluster_and_enqueues_one_operation(alice_api, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks() as callbacks:
+        response = create(alice_api)
+    assert response.status_code == 202
+    assert response.json()["kind"] == "CREATE"
+    assert response.json()["status"] == "PENDING"
+    assert len(callbacks) == 1
+    cluster = Cluster.objects.get(name="demo")
+    assert cluster.status == ClusterStatus.PROVISIONING
+    assert cluster.location == "us-central1"
+    assert sorted(cluster.nodes.values_list("name", flat=True)) == ["cpu-0", "cpu-1", "login-0"]
+    assert list(cluster.partitions.values_list("name", flat=True)) == ["cpu"]
+
+
+def test_it_answers_400_with_field_paths_and_creates_nothing(alice_api):
+    spec = example_spec()
+    spec["display_name"] = "Not Valid"
+    spec["node_pools"][1]["scaling_spec"]["max_node_count"] = 5
+    response = create(alice_api, cluster_id="Bad Id", spec=spec)
+    assert response.status_code == 400
+    body = response.json()
+    assert "cluster_id" in body
+    assert set(body["spec"]) == {"display_name", "node_pools[1].scaling_spec"}
+    assert not Cluster.objects.exists()
+    assert not Operation.objects.exists()
+
+
+def test_it_answers_400_for_a_missing_spec_and_for_broken_json(alice_api):
+    response = alice_api.post(CLUSTERS, {"cluster_id": "demo"}, format="json")
+    assert response.status_code == 400
+    assert "spec" in response.json()
+    response = alice_api.post(CLUSTERS, "{not json", content_type="application/json")
+    assert response.status_code == 400
+    assert "JSON parse error" in response.json()["detail"]
+
+
+def test_it_refuses_a_second_cluster_with_the_same_id(alice_api):
+    assert create(alice_api).status_code == 202
+    response = create(alice_api)
+    assert response.status_code == 409
+    assert "already exists" in response.json()["detail"]
+
+
+def test_it_frees_the_id_of_a_deleted_cluster(alice_api):
+    create(alice_api)
+    Cluster.objects.filter(name="demo").update(status=ClusterStatus.DELETED)
+    assert create(alice_api).status_code == 202
+
+
+def test_it_lets_bob_see_and_change_alices_cluster_in_their_project(alice_api, bob_api):
+    create(alice_api)
+    assert bob_api.get(CLUSTERS).json()[0]["id"] == "demo"
+    Cluster.objects.filter(name="demo").update(status=ClusterStatus.READY)
+    response = bob_api.patch(f"{CLUSTERS}demo/", {"spec": example_spec(cpu=3)}, format="json")
+    assert response.status_code == 202
+    assert response.json()["kind"] == "UPDATE"
+
+
+def test_charlie_gets_404_for_alices_project_and_cluster(alice_api, charlie_api):
+    create(alice_api)
+    assert charlie_api.get(CLUSTERS).status_code == 404
+    assert charlie_api.get(f"{CLUSTERS}demo/").status_code == 404
+    assert charlie_api.patch(f"{CLUSTERS}demo/", {"spec": example_spec()}, format="json").status_code == 404
+    assert charlie_api.delete(f"{CLUSTERS}demo/").status_code == 404
+    assert create(charlie_api, cluster_id="mine").status_code == 404
+    operation = Operation.objects.get()
+    assert charlie_api.get(f"/api/v1/projects/alpha/operations/{operation.uuid}/").status_code == 404
+    assert [p["slug"] for p in charlie_api.get("/api/v1/projects/").json()["results"]] == ["charlie-lab"]
+    assert Cluster.objects.get().status == ClusterStatus.PROVISIONING
+
+
+def test_it_answers_401_without_a_valid_token(alpha, client):
+    from rest_framework.test import APIClient
+
+    anonymous = APIClient()
+    assert anonymous.get(CLUSTERS).status_code == 401
+    anonymous.credentials(HTTP_AUTHORIZATION="Bearer tcc_not-a-real-token")
+    assert anonymous.get(CLUSTERS).status_code == 401
+
+
+def test_it_resizes_only_node_counts(alice_api):
+    create(alice_api)
+    Cluster.objects.filter(name="demo").update(status=ClusterStatus.READY)
+    spec = example_spec(cpu=3)
+    spec["node_pools"][1]["machine_spec"]["machine_type"] = "n2-standard-16"
+    response = alice_api.patch(f"{CLUSTERS}demo/", {"spec": spec}, format="json")
+    assert response.status_code == 400
+    assert response.json()["spec"] == {
+        "node_pools[1].machine_spec.machine_type": ["cannot change after the cluster is created"]
+    }
+    assert Cluster.objects.get().status == ClusterStatus.READY
+
+
+def test_it_marks_the_highest_nodes_for_removal_when_shrinking(alice_api):
+    create(alice_api, spec=example_spec(cpu=3))
+    Cluster.objects.filter(name="demo").update(status=ClusterStatus.READY)
+    response = alice_api.patch(f"{CLUSTERS}demo/", {"spec": example_spec(cpu=1)}, format="json")
+    assert response.status_code == 202
+    cluster = Cluster.objects.get()
+    assert cluster.status == ClusterStatus.UPDATING
+    assert list(cluster.nodes.filter(state=NodeState.DELETING).values_list("name", flat=True)) == ["cpu-1", "cpu-2"]
+
+
+def test_it_refuses_to_update_or_delete_while_provisioning(alice_api):
+    create(alice_api)
+    response = alice_api.patch(f"{CLUSTERS}demo/", {"spec": example_spec(cpu=3)}, format="json")
+    assert response.status_code == 409
+    assert alice_api.delete(f"{CLUSTERS}demo/").status_code == 409
+    assert Operation.objects.count() == 1
+
+
+def test_it_deletes_a_ready_cluster_through_an_operation(alice_api):
+    create(alice_api)
+    Cluster.objects.filter(name="demo").update(status=ClusterStatus.READY)
+    response = alice_api.delete(f"{CLUSTERS}demo/")
+    assert response.status_code == 202
+    assert response.json()["kind"] == "DELETE"
+    assert Cluster.objects.get().status == ClusterStatus.DELETING
+
+
+def test_it_shows_an_operation_to_project_members(alice_api, bob_api):
+    operation_id = create(alice_api).json()["id"]
+    body = bob_api.get(f"/api/v1/projects/alpha/operations/{operation_id}/").json()
+    assert body["status"] == OperationStatus.PENDING
+    assert body["cluster"] == "demo"
+
+
+def test_it_serves_the_openapi_schema_and_swagger_ui_to_signed_in_users(alice_api, client, alice):
+    from rest_framework.test import APIClient
+
+    assert APIClient().get("/api/schema/").status_code == 401
+    schema = alice_api.get("/api/schema/")
+    assert schema.status_code == 200
+    assert b"/api/v1/projects/{project}/clusters/" in schema.content
+    client.force_login(alice)
+    docs = client.get("/api/docs/")
+    assert docs.status_code == 200
+    assert b"swagger-ui" in docs.content
+    assert b"cdn" not in docs.content.lower()

@@ -1,0 +1,129 @@
+"""Pages: login everywhere, empty states, the new-cluster form, polling fragments and API tokens."""
+
+import pytest
+
+from clusters import services
+from clusters.choices import ClusterStatus, OperationStatus
+from clusters.models import Cluster, Operation
+from console.models import APIToken, digest
+
+from .conftest import example_spec
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def alice_web(client, alice, alpha):
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
+def demo(alice, alpha):
+    return services.create_cluster(project=alpha, name="demo", spec=example_spec(), user=alice).cluster
+
+
+@pytest.mark.parametrize("path", ["/", "/clusters/new/", "/tokens/", "/clusters/alpha/demo/", "/api/docs/"])
+def test_it_sends_anonymous_visitors_to_the_login_page(client, path):
+    response = client.get(path)
+    assert response.status_code in (302, 401, 403)
+    if response.status_code == 302:
+        assert response["Location"].startswith("/accounts/login/")
+
+
+def test_it_tells_a_user_without_projects_what_to_do(client, charlie):
+    client.force_login(charlie)
+    assert b"You are not a member of any project yet" in client.get("/").content
+
+
+def test_it_invites_alice_to_create_her_first_cluster(alice_web):
+    content = alice_web.get("/").content
+    assert b"No clusters yet" in content
+    assert b"Create your first cluster" in content
+
+
+def test_it_lists_alices_clusters_on_the_dashboard(alice_web, demo):
+    content = alice_web.get("/").content.decode()
+    assert 'href="/clusters/alpha/demo/"' in content
+    assert "Provisioning" in content
+
+
+def test_it_creates_a_cluster_from_the_form(alice_web):
+    import json
+
+    response = alice_web.post(
+        "/clusters/new/", {"project": "alpha", "cluster_id": "web", "spec": json.dumps(example_spec())}
+    )
+    assert response.status_code == 302
+    assert response["Location"] == "/clusters/alpha/web/"
+    assert Cluster.objects.get().name == "web"
+
+
+def test_it_shows_form_errors_with_field_paths_and_keeps_the_input(alice_web):
+    import json
+
+    spec = example_spec()
+    spec["node_pools"][1]["zone"] = "us-east1-b"
+    text = json.dumps(spec)
+    response = alice_web.post("/clusters/new/", {"project": "alpha", "cluster_id": "web", "spec": text})
+    assert response.status_code == 400
+    content = response.content.decode()
+    assert "all node pools must be in one zone" in content
+    assert "us-east1-b" in content  # the user's spec is still in the textarea
+    assert not Cluster.objects.exists()
+
+
+def test_it_reports_broken_json_in_the_form(alice_web):
+    response = alice_web.post("/clusters/new/", {"project": "alpha", "cluster_id": "web", "spec": "{oops"})
+    assert response.status_code == 400
+    assert b"not valid JSON" in response.content
+
+
+def test_it_shows_alice_her_cluster_page(alice_web, demo):
+    content = alice_web.get("/clusters/alpha/demo/").content.decode()
+    assert "demo" in content
+    assert 'hx-get="/clusters/alpha/demo/operation/"' in content
+    assert "1 CPU" in content  # how the local backend runs each node
+
+
+def test_charlie_gets_404_for_alices_cluster_page_and_fragments(client, charlie, charlies_project, demo):
+    client.force_login(charlie)
+    for suffix in ("", "operation/", "nodes/", "jobs/", "events/"):
+        assert client.get(f"/clusters/alpha/demo/{suffix}").status_code == 404
+    assert client.post("/clusters/alpha/demo/delete/", {"confirm": "demo"}).status_code == 404
+
+
+def test_it_polls_the_operation_until_it_is_done(alice_web, demo):
+    running = alice_web.get("/clusters/alpha/demo/operation/", HTTP_HX_REQUEST="true")
+    assert running.status_code == 200
+    assert b"waiting for a worker" in running.content
+    Operation.objects.update(status=OperationStatus.SUCCEEDED, progress=100)
+    finished = alice_web.get("/clusters/alpha/demo/operation/", HTTP_HX_REQUEST="true")
+    assert finished.status_code == 286  # htmx stops polling
+    assert b"100%" in finished.content
+    assert "HX-Request" in finished["Vary"]
+
+
+def test_it_refuses_a_delete_without_confirmation(alice_web, demo):
+    Cluster.objects.update(status=ClusterStatus.READY)
+    response = alice_web.post("/clusters/alpha/demo/delete/", {"confirm": "wrong"}, follow=True)
+    assert b"to confirm deletion" in response.content
+    assert Cluster.objects.get().status == ClusterStatus.READY
+
+
+def test_it_rejects_a_negative_resize_in_the_form(alice_web, demo):
+    Cluster.objects.update(status=ClusterStatus.READY)
+    response = alice_web.post("/clusters/alpha/demo/resize/", {"node_pool": "cpu", "node_count": "-1"}, follow=True)
+    assert b"node count of 0 or more" in response.content
+    assert Operation.objects.count() == 1
+
+
+def test_it_shows_a_new_token_once_and_stores_only_its_digest(alice_web, alice):
+    response = alice_web.post("/tokens/", {"name": "laptop"})
+    secret = response.context["new_secret"]
+    assert secret.startswith("tcc_")
+    assert secret.encode() in response.content
+    token = APIToken.objects.get(user=alice)
+    assert token.digest == digest(secret)
+    assert secret not in str(APIToken.objects.values().get())
+    assert secret.encode() not in alice_web.get("/tokens/").content

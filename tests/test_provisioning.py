@@ -1,0 +1,131 @@
+"""End to end on real parts: a Celery worker on Redis provisions a real local Slurm cluster.
+
+One cluster story per test keeps the daemons few: create, run a 2-node job, grow, shrink, delete.
+"""
+
+import pytest
+
+from clusters import services
+from clusters.backends import get_backend, processes
+from clusters.backends.slurm import run_client
+from clusters.choices import ClusterStatus, OperationStatus
+from clusters.models import Cluster, Operation
+
+from .conftest import Worker, example_spec, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slurm, pytest.mark.worker]
+
+CLUSTERS = "/api/v1/projects/alpha/clusters/"
+
+
+def finished(operation_id, timeout=120):
+    def done():
+        operation = Operation.objects.get(uuid=operation_id)
+        return operation if operation.is_done else None
+
+    return wait_until(done, timeout=timeout, message=f"operation {operation_id}")
+
+
+def idle_nodes(cluster):
+    return sorted(s.name for s in get_backend("local").node_statuses(cluster) if s.state == "idle" and not s.flags)
+
+
+def slurmd_pids(cluster, node):
+    return processes.find_pids("slurmd", str(get_backend("local").paths(cluster).conf), node)
+
+
+def apply(api, spec):
+    response = api.patch(f"{CLUSTERS}demo/", {"spec": spec}, format="json")
+    assert response.status_code == 202, response.content
+    operation = finished(response.json()["id"])
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    return Cluster.objects.get(name="demo")
+
+
+def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, slurm_cleanup, alice_api, client, alice):
+    response = alice_api.post(CLUSTERS, {"cluster_id": "demo", "spec": example_spec(cpu=2)}, format="json")
+    assert response.status_code == 202
+    operation = finished(response.json()["id"])
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    assert operation.progress == 100
+    cluster = Cluster.objects.get(name="demo")
+    assert cluster.status == ClusterStatus.READY
+    assert idle_nodes(cluster) == ["cpu-0", "cpu-1"]
+
+    # A two-node batch job runs one task on each node.
+    paths = get_backend("local").paths(cluster)
+    script = paths.jobs / "hello.sh"
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH -N 2\n#SBATCH -o {paths.jobs}/hello-%j.out\nsrun bash -c 'echo $SLURMD_NODENAME'\n"
+    )
+    job_id = int(run_client(paths.conf, "sbatch", "--parsable", str(script)).stdout.strip())
+
+    def completed():
+        jobs = {j.job_id: j for j in get_backend("local").jobs(cluster)}
+        return job_id in jobs and jobs[job_id].state == "COMPLETED" and jobs[job_id]
+
+    job = wait_until(completed, timeout=60, message=f"job {job_id} to complete")
+    assert job.exit_code == 0
+    assert job.node_count == 2
+    assert sorted((paths.jobs / f"hello-{job_id}.out").read_text().split()) == ["cpu-0", "cpu-1"]
+
+    # The page's node fragment shows Slurm's live state.
+    client.force_login(alice)
+    nodes_html = client.get("/clusters/alpha/demo/nodes/").content.decode()
+    assert nodes_html.count(">idle<") == 2
+    assert str(job_id) in client.get("/clusters/alpha/demo/jobs/").content.decode()
+
+    cluster = apply(alice_api, example_spec(cpu=3))
+    assert idle_nodes(cluster) == ["cpu-0", "cpu-1", "cpu-2"]
+    assert len(slurmd_pids(cluster, "cpu-0")) == 1
+
+    cluster = apply(alice_api, example_spec(cpu=1))
+    assert idle_nodes(cluster) == ["cpu-0"]
+    assert slurmd_pids(cluster, "cpu-1") == slurmd_pids(cluster, "cpu-2") == []
+    assert list(cluster.nodes.values_list("name", flat=True).order_by("name")) == ["cpu-0", "login-0"]
+
+    response = alice_api.delete(f"{CLUSTERS}demo/")
+    operation = finished(response.json()["id"])
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    assert Cluster.objects.get(name="demo").status == ClusterStatus.DELETED
+    assert not paths.root.exists()
+    conf = str(paths.conf)
+    assert processes.find_pids("slurmd", conf) == processes.find_pids("slurmctld", conf) == []
+    assert processes.find_pids("munged", str(paths.munge_socket)) == []
+
+
+def test_a_rerun_after_a_killed_worker_creates_nothing_twice(redis_broker, slurm_cleanup, alice, alpha, tmp_path):
+    # Slow slurmd starts down so the worker can be killed between two of them.
+    first = Worker(tmp_path / "first.log", LOCAL_NODE_START_DELAY=1.5)
+    try:
+        operation = services.create_cluster(project=alpha, name="crash", spec=example_spec(cpu=3), user=alice)
+        cluster = operation.cluster
+        wait_until(
+            lambda: len(slurmd_pids(cluster, "cpu-0")) == 1,
+            timeout=60,
+            message="the first slurmd",
+        )
+        first.kill()
+    finally:
+        first.stop()
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.RUNNING
+    assert slurmd_pids(cluster, "cpu-2") == []
+
+    second = Worker(tmp_path / "second.log")
+    try:
+        assert services.resume_stale_operations(stale_after=0) == [operation.pk]
+        operation = finished(operation.uuid)
+    finally:
+        second.stop()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    assert operation.attempts == 2
+    cluster.refresh_from_db()
+    assert cluster.status == ClusterStatus.READY
+    assert idle_nodes(cluster) == ["cpu-0", "cpu-1", "cpu-2"]
+    paths = get_backend("local").paths(cluster)
+    for node in ("cpu-0", "cpu-1", "cpu-2"):
+        assert len(slurmd_pids(cluster, node)) == 1, node
+    assert len(processes.find_pids("slurmctld", str(paths.conf))) == 1
+    assert len(processes.find_pids("munged", str(paths.munge_socket))) == 1
+    assert cluster.events.filter(message__startswith="Resuming create (attempt 2)").exists()
