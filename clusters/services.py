@@ -61,6 +61,8 @@ def create_cluster(*, project, name, spec, user=None, location=""):
     """Validate, record the cluster with its pools, partitions and nodes, and enqueue provisioning."""
     spec = validate_request(name, spec)
     backend = (spec.get("console") or {}).get("backend") or settings.DEFAULT_CLUSTER_BACKEND
+    if location and location != region_of(spec):
+        raise SpecError({"node_pools[0].zone": [f"must be a zone of {location}, the location in the request path"]})
     location = location or region_of(spec)
     with transaction.atomic():
         if Cluster.objects.live().filter(project=project, name=name).exists():

@@ -13,6 +13,7 @@ urlpatterns = [
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
     path("clusters/", include("clusters.urls")),
     path("api/v1/", include("clusters.api.urls")),
+    path("v1beta1/", include("clusters.api.compat_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),

@@ -5,13 +5,12 @@ One cluster story per test keeps the daemons few: create, run a 2-node job, grow
 
 import pytest
 
-from clusters import services
 from clusters.backends import get_backend, processes
 from clusters.backends.slurm import run_client
 from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Cluster, Operation
 
-from .conftest import Worker, example_spec, wait_until
+from .conftest import example_spec, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slurm, pytest.mark.worker]
 
@@ -94,38 +93,28 @@ def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, sl
     assert processes.find_pids("munged", str(paths.munge_socket)) == []
 
 
-def test_a_rerun_after_a_killed_worker_creates_nothing_twice(redis_broker, slurm_cleanup, alice, alpha, tmp_path):
-    # Slow slurmd starts down so the worker can be killed between two of them.
-    first = Worker(tmp_path / "first.log", LOCAL_NODE_START_DELAY=1.5)
-    try:
-        operation = services.create_cluster(project=alpha, name="crash", spec=example_spec(cpu=3), user=alice)
-        cluster = operation.cluster
-        wait_until(
-            lambda: len(slurmd_pids(cluster, "cpu-0")) == 1,
-            timeout=60,
-            message="the first slurmd",
-        )
-        first.kill()
-    finally:
-        first.stop()
-    operation.refresh_from_db()
-    assert operation.status == OperationStatus.RUNNING
-    assert slurmd_pids(cluster, "cpu-2") == []
+def test_it_replays_the_services_create_example_on_the_compatible_paths(celery_worker, slurm_cleanup, alice_api):
+    from .test_compat_api import BASE, create
 
-    second = Worker(tmp_path / "second.log")
-    try:
-        assert services.resume_stale_operations(stale_after=0) == [operation.pk]
-        operation = finished(operation.uuid)
-    finally:
-        second.stop()
-    assert operation.status == OperationStatus.SUCCEEDED, operation.error
-    assert operation.attempts == 2
-    cluster.refresh_from_db()
-    assert cluster.status == ClusterStatus.READY
-    assert idle_nodes(cluster) == ["cpu-0", "cpu-1", "cpu-2"]
-    paths = get_backend("local").paths(cluster)
-    for node in ("cpu-0", "cpu-1", "cpu-2"):
-        assert len(slurmd_pids(cluster, node)) == 1, node
-    assert len(processes.find_pids("slurmctld", str(paths.conf))) == 1
-    assert len(processes.find_pids("munged", str(paths.munge_socket))) == 1
-    assert cluster.events.filter(message__startswith="Resuming create (attempt 2)").exists()
+    operation = create(alice_api).json()
+    assert "done" not in operation
+
+    def done():
+        body = alice_api.get(f"/v1beta1/{operation['name']}").json()
+        return body if body.get("done") else None
+
+    body = wait_until(done, timeout=120, message="the create operation")
+    assert "error" not in body, body
+    assert body["response"]["state"] == "RUNNING"
+    assert body["response"]["node_pools"][1]["machine_spec"]["machine_type"] == "a3-ultragpu-8g"
+    cluster = Cluster.objects.get(name="a3u")
+    assert idle_nodes(cluster) == ["a3u-0", "a3u-1"]
+
+    deletion = alice_api.delete(f"{BASE}/modelDevelopmentClusters/a3u").json()
+    body = wait_until(
+        lambda: (b := alice_api.get(f"/v1beta1/{deletion['name']}").json()).get("done") and b,
+        timeout=60,
+        message="the delete operation",
+    )
+    assert body["response"] == {"@type": "type.googleapis.com/google.protobuf.Empty"}
+    assert alice_api.get(f"{BASE}/modelDevelopmentClusters/a3u").status_code == 404

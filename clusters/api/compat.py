@@ -1,0 +1,269 @@
+"""The managed service's own REST paths (v1beta1), so existing JSON files and curl scripts work unchanged.
+
+    POST   /v1beta1/projects/{project}/locations/{location}/modelDevelopmentClusters?model_development_cluster_id=ID
+    GET    /v1beta1/projects/{project}/locations/{location}/modelDevelopmentClusters[?pageSize=&pageToken=]
+    GET    /v1beta1/projects/{project}/locations/{location}/modelDevelopmentClusters/{id}
+    PATCH  /v1beta1/projects/{project}/locations/{location}/modelDevelopmentClusters/{id}
+    DELETE /v1beta1/projects/{project}/locations/{location}/modelDevelopmentClusters/{id}
+    GET    /v1beta1/projects/{project}/locations/{location}/operations/{operation}
+
+Writes answer with a long-running operation; errors come in the google.rpc shape
+`{"error": {"code", "message", "status", "details"}}`. Clients authenticate with a console API token
+as `Authorization: Bearer <token>`.
+"""
+
+import base64
+import binascii
+import uuid
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.auth import BearerTokenAuthentication
+
+from .. import services
+from ..choices import ClusterStatus, OperationKind, OperationStatus
+from ..models import Cluster, Operation, Project
+from ..spec import SpecError
+
+TYPE_PREFIX = "type.googleapis.com/google.cloud.aiplatform.v1beta1."
+METADATA_TYPES = {
+    OperationKind.CREATE: "CreateModelDevelopmentClusterOperationMetadata",
+    OperationKind.UPDATE: "UpdateModelDevelopmentClusterOperationMetadata",
+    OperationKind.DELETE: "DeleteModelDevelopmentClusterOperationMetadata",
+    OperationKind.SCAN: "GenericOperationMetadata",
+}
+# The documented analogue (persistent resources) names its states like this.
+STATES = {
+    ClusterStatus.DRAFT: "STATE_UNSPECIFIED",
+    ClusterStatus.PROVISIONING: "PROVISIONING",
+    ClusterStatus.READY: "RUNNING",
+    ClusterStatus.DEGRADED: "RUNNING",
+    ClusterStatus.UPDATING: "UPDATING",
+    ClusterStatus.DELETING: "STOPPING",
+    ClusterStatus.DELETED: "STOPPING",
+    ClusterStatus.FAILED: "ERROR",
+}
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 1000
+
+
+class RpcError(Exception):
+    """A google.rpc.Status error; `violations` become a BadRequest detail with field paths."""
+
+    def __init__(self, http, status, message, violations=None):
+        super().__init__(message)
+        self.http, self.status, self.message, self.violations = http, status, message, violations or {}
+
+    def response(self):
+        error = {"code": self.http, "message": self.message, "status": self.status}
+        if self.violations:
+            error["details"] = [
+                {
+                    "@type": "type.googleapis.com/google.rpc.BadRequest",
+                    "fieldViolations": [
+                        {"field": path, "description": message}
+                        for path, messages in self.violations.items()
+                        for message in messages
+                    ],
+                }
+            ]
+        return Response({"error": error}, status=self.http)
+
+
+def invalid(message, violations=None):
+    return RpcError(400, "INVALID_ARGUMENT", message, violations)
+
+
+def timestamp(value):
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def cluster_name(cluster):
+    return f"projects/{cluster.project.slug}/locations/{cluster.location}/modelDevelopmentClusters/{cluster.name}"
+
+
+def cluster_resource(cluster):
+    return {
+        "name": cluster_name(cluster),
+        **cluster.spec,
+        "state": STATES[cluster.status],
+        "create_time": timestamp(cluster.created),
+        "update_time": timestamp(cluster.updated),
+    }
+
+
+def operation_resource(operation):
+    cluster = operation.cluster
+    body = {
+        "name": f"projects/{cluster.project.slug}/locations/{cluster.location}/operations/{operation.uuid}",
+        "metadata": {
+            "@type": TYPE_PREFIX + METADATA_TYPES[operation.kind],
+            "genericMetadata": {
+                "createTime": timestamp(operation.created),
+                "updateTime": timestamp(operation.finished or operation.heartbeat or operation.created),
+            },
+            "progressMessage": progress_message(operation),
+        },
+    }
+    if operation.is_done:
+        body["done"] = True
+        if operation.status == OperationStatus.FAILED:
+            body["error"] = {"code": 13, "message": operation.error}
+        elif operation.kind == OperationKind.DELETE:
+            body["response"] = {"@type": "type.googleapis.com/google.protobuf.Empty"}
+        else:
+            body["response"] = {"@type": TYPE_PREFIX + "ModelDevelopmentCluster", **cluster_resource(cluster)}
+    return body
+
+
+def progress_message(operation):
+    if operation.status == OperationStatus.PENDING:
+        return "Waiting for a worker"
+    if operation.is_done:
+        return "Failed" if operation.status == OperationStatus.FAILED else "Done"
+    return f"{operation.step} ({operation.progress}%)"
+
+
+def encode_token(offset):
+    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode()
+
+
+def decode_token(token):
+    try:
+        kind, _, offset = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+        if kind != "o" or int(offset) < 0:
+            raise ValueError
+        return int(offset)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise invalid("pageToken is not a token this API returned") from None
+
+
+class CompatView(APIView):
+    """Shared auth, project lookup and google.rpc error rendering."""
+
+    authentication_classes = [BearerTokenAuthentication]
+
+    def handle_exception(self, exc):
+        if isinstance(exc, RpcError):
+            return exc.response()
+        if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+            return RpcError(401, "UNAUTHENTICATED", "Request is missing a valid bearer token.").response()
+        if isinstance(exc, exceptions.ParseError):
+            return invalid(f"Invalid JSON payload received. {exc.detail}").response()
+        if isinstance(exc, exceptions.APIException):
+            return RpcError(exc.status_code, "FAILED_PRECONDITION", str(exc.detail)).response()
+        raise exc
+
+    def project(self, slug):
+        project = Project.objects.for_user(self.request.user).filter(slug=slug).first()
+        if project is None:
+            raise RpcError(
+                403,
+                "PERMISSION_DENIED",
+                f"Permission denied on resource project {slug} (or it may not exist).",
+            )
+        return project
+
+    def cluster(self, project, location, cluster_id):
+        cluster = (
+            Cluster.objects.live()
+            .select_related("project")
+            .filter(project=self.project(project), location=location, name=cluster_id)
+            .first()
+        )
+        if cluster is None:
+            raise RpcError(404, "NOT_FOUND", f"ModelDevelopmentCluster {cluster_id} not found in {location}.")
+        return cluster
+
+    def body(self):
+        if not isinstance(self.request.data, dict):
+            raise invalid("The request body must be a ModelDevelopmentCluster JSON object.")
+        # Output-only fields a client may echo back from a GET.
+        return {
+            k: v
+            for k, v in self.request.data.items()
+            if k not in {"name", "state", "create_time", "update_time", "createTime", "updateTime"}
+        }
+
+    def run(self, call):
+        try:
+            operation = call()
+        except SpecError as exc:
+            raise invalid("Request contains an invalid argument.", exc.errors) from None
+        except services.AlreadyExists as exc:
+            raise RpcError(409, "ALREADY_EXISTS", exc.message) from None
+        except services.Conflict as exc:
+            raise RpcError(400, "FAILED_PRECONDITION", exc.message) from None
+        except services.ConsoleError as exc:
+            raise invalid(exc.message) from None
+        return Response(operation_resource(operation))
+
+
+@extend_schema(exclude=True)
+class CompatClusters(CompatView):
+    def get(self, request, project, location):
+        clusters = (
+            Cluster.objects.live().select_related("project").filter(project=self.project(project), location=location)
+        )
+        try:
+            size = int(
+                request.query_params.get("pageSize") or request.query_params.get("page_size") or DEFAULT_PAGE_SIZE
+            )
+        except ValueError:
+            raise invalid("pageSize must be an integer") from None
+        size = max(1, min(size, MAX_PAGE_SIZE))
+        token = request.query_params.get("pageToken") or request.query_params.get("page_token")
+        offset = decode_token(token) if token else 0
+        page = list(clusters.order_by("name")[offset : offset + size + 1])
+        body = {"clusters": [cluster_resource(c) for c in page[:size]]}
+        if len(page) > size:
+            body["nextPageToken"] = encode_token(offset + size)
+        return Response(body)
+
+    def post(self, request, project, location):
+        cluster_id = request.query_params.get("model_development_cluster_id") or request.query_params.get(
+            "modelDevelopmentClusterId"
+        )
+        if not cluster_id:
+            raise invalid("model_development_cluster_id is required", {"model_development_cluster_id": ["is required"]})
+        project = self.project(project)
+        spec = self.body()
+        return self.run(
+            lambda: services.create_cluster(
+                project=project, name=cluster_id, spec=spec, user=request.user, location=location
+            )
+        )
+
+
+@extend_schema(exclude=True)
+class CompatCluster(CompatView):
+    def get(self, request, project, location, cluster):
+        return Response(cluster_resource(self.cluster(project, location, cluster)))
+
+    def patch(self, request, project, location, cluster):
+        cluster = self.cluster(project, location, cluster)
+        return self.run(lambda: services.update_cluster(cluster=cluster, spec=self.body(), user=request.user))
+
+    def delete(self, request, project, location, cluster):
+        cluster = self.cluster(project, location, cluster)
+        return self.run(lambda: services.delete_cluster(cluster=cluster, user=request.user))
+
+
+@extend_schema(exclude=True)
+class CompatOperation(CompatView):
+    def get(self, request, project, location, operation):
+        try:
+            operation = uuid.UUID(operation)
+        except ValueError:
+            raise RpcError(404, "NOT_FOUND", f"Operation {operation} not found.") from None
+        found = (
+            Operation.objects.select_related("cluster__project")
+            .filter(cluster__project=self.project(project), cluster__location=location, uuid=operation)
+            .first()
+        )
+        if found is None:
+            raise RpcError(404, "NOT_FOUND", f"Operation {operation} not found.")
+        return Response(operation_resource(found))

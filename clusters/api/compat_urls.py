@@ -1,0 +1,13 @@
+"""URLs of the managed service's v1beta1 paths (mounted at /v1beta1/)."""
+
+from django.urls import path
+
+from . import compat
+
+PREFIX = "projects/<slug:project>/locations/<slug:location>/"
+
+urlpatterns = [
+    path(PREFIX + "modelDevelopmentClusters", compat.CompatClusters.as_view(), name="compat-clusters"),
+    path(PREFIX + "modelDevelopmentClusters/<slug:cluster>", compat.CompatCluster.as_view(), name="compat-cluster"),
+    path(PREFIX + "operations/<str:operation>", compat.CompatOperation.as_view(), name="compat-operation"),
+]
