@@ -9,6 +9,7 @@ from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from console import safejson
 from console.htmx import render_fragment
 
 from . import services
@@ -42,7 +43,9 @@ def cluster_new(request):
         form = {key: request.POST.get(key, "").strip() for key in ("project", "cluster_id", "spec")}
         project = projects.filter(slug=form["project"]).first()
         try:
-            spec = json.loads(form["spec"])
+            spec = safejson.loads(form["spec"])
+        except safejson.JSONTooLarge as exc:
+            errors["spec"] = [f"refused: {exc}"]
         except json.JSONDecodeError as exc:
             errors["spec"] = [f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"]
         if project is None:

@@ -135,12 +135,23 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# Request bodies: a cluster spec is a few KB; refuse what no spec needs, with a clear message.
+JSON_MAX_BYTES = envint("JSON_MAX_BYTES", 1_000_000)
+JSON_MAX_DEPTH = envint("JSON_MAX_DEPTH", 32)
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(JSON_MAX_BYTES * 2, 2_621_440)
+
 REST_FRAMEWORK = {
+    "DEFAULT_PARSER_CLASSES": [
+        "console.safejson.SafeJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "console.auth.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "EXCEPTION_HANDLER": "console.safejson.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,

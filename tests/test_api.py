@@ -155,3 +155,20 @@ def test_it_serves_the_openapi_schema_and_swagger_ui_to_signed_in_users(alice_ap
     assert docs.status_code == 200
     assert b"swagger-ui" in docs.content
     assert b"cdn" not in docs.content.lower()
+
+
+def test_it_refuses_huge_and_absurdly_nested_bodies_with_a_clear_message(alice_api):
+    deep = '{"cluster_id": "x", "spec": ' + "[" * 1000 + "]" * 1000 + "}"
+    response = alice_api.post(CLUSTERS, deep, content_type="application/json")
+    assert response.status_code == 400
+    assert "nested deeper than 32 levels" in response.json()["detail"]
+    spec = example_spec()
+    spec["labels"] = {"padding": "x" * 1_500_000}
+    response = alice_api.post(CLUSTERS, {"cluster_id": "big", "spec": spec}, format="json")
+    assert response.status_code == 400
+    assert "larger than the limit of 1,000,000 bytes" in response.json()["detail"]
+    spec["labels"] = {"padding": "x" * 10_000_000}
+    response = alice_api.post(CLUSTERS, {"cluster_id": "big", "spec": spec}, format="json")
+    assert response.status_code == 413
+    assert "Request body refused" in response.json()["detail"]
+    assert not Cluster.objects.exists()

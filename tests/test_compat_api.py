@@ -173,3 +173,13 @@ def test_it_updates_node_counts_with_patch(alice_api):
     assert response.status_code == 200
     assert response.json()["metadata"]["@type"].endswith("UpdateModelDevelopmentClusterOperationMetadata")
     assert Cluster.objects.get().node_pools.get(pool_id="a3u").node_count == 3
+
+
+def test_it_refuses_a_deeply_nested_body_as_invalid_argument(alice_api):
+    response = alice_api.post(
+        f"{BASE}/modelDevelopmentClusters?model_development_cluster_id=x",
+        "[" * 2000 + "]" * 2000,
+        content_type="application/json",
+    )
+    assert response.status_code == 400
+    assert "nested deeper" in response.json()["error"]["message"]

@@ -127,3 +127,10 @@ def test_it_shows_a_new_token_once_and_stores_only_its_digest(alice_web, alice):
     assert token.digest == digest(secret)
     assert secret not in str(APIToken.objects.values().get())
     assert secret.encode() not in alice_web.get("/tokens/").content
+
+
+def test_it_refuses_a_deeply_nested_spec_in_the_form(alice_web):
+    spec = "[" * 5000 + "]" * 5000
+    response = alice_web.post("/clusters/new/", {"project": "alpha", "cluster_id": "web", "spec": spec})
+    assert response.status_code == 400
+    assert b"nested deeper than 32 levels" in response.content

@@ -16,6 +16,7 @@ import base64
 import binascii
 import uuid
 
+from django.core.exceptions import RequestDataTooBig
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -151,6 +152,8 @@ class CompatView(APIView):
             return exc.response()
         if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
             return RpcError(401, "UNAUTHENTICATED", "Request is missing a valid bearer token.").response()
+        if isinstance(exc, RequestDataTooBig):
+            return invalid("Request payload size exceeds the limit.").response()
         if isinstance(exc, exceptions.ParseError):
             return invalid(f"Invalid JSON payload received. {exc.detail}").response()
         if isinstance(exc, exceptions.APIException):

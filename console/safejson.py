@@ -1,0 +1,69 @@
+"""JSON parsing with limits, so a huge or absurdly nested body gets a clear 400 instead of a 500."""
+
+import json
+
+from django.conf import settings
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser
+
+
+class JSONTooLarge(ValueError):
+    pass
+
+
+def nesting_depth(text):
+    """The deepest nesting of [ and { outside strings, without building anything."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def loads(text, *, max_bytes=None, max_depth=None):
+    """json.loads with a size and a nesting limit; raises JSONTooLarge or json.JSONDecodeError."""
+    max_bytes = max_bytes or settings.JSON_MAX_BYTES
+    max_depth = max_depth or settings.JSON_MAX_DEPTH
+    raw = text if isinstance(text, bytes) else text.encode()
+    if len(raw) > max_bytes:
+        raise JSONTooLarge(f"the JSON document is larger than the limit of {max_bytes:,} bytes")
+    text = raw.decode("utf-8")
+    if nesting_depth(text) > max_depth:
+        raise JSONTooLarge(f"the JSON document is nested deeper than {max_depth} levels")
+    return json.loads(text)
+
+
+class SafeJSONParser(JSONParser):
+    def parse(self, stream, media_type=None, parser_context=None):
+        raw = stream.read(settings.JSON_MAX_BYTES + 1) if stream is not None else b""
+        try:
+            return loads(raw)
+        except JSONTooLarge as exc:
+            raise ParseError(f"Request body refused: {exc}.") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ParseError(f"JSON parse error - {exc}") from None
+
+
+def api_exception_handler(exc, context):
+    """DRF's handler, plus a clear answer for bodies over Django's upload limit (not a bare 400 page)."""
+    from django.core.exceptions import RequestDataTooBig
+    from rest_framework.response import Response
+    from rest_framework.views import exception_handler
+
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response({"detail": f"Request body refused: it is larger than {limit:,} bytes."}, status=413)
+    return exception_handler(exc, context)
