@@ -1,6 +1,6 @@
 """A backend for service tests that fails on purpose: its steps raise what the cluster name asks for."""
 
-from clusters.backends.base import Backend, PermanentBackendError, Step, TransientBackendError
+from clusters.backends.base import Backend, NodeShape, PermanentBackendError, Step, TransientBackendError
 
 
 class ScriptedBackend(Backend):
@@ -25,4 +25,4 @@ class ScriptedBackend(Backend):
         return []
 
     def node_shape(self, cluster, pool):
-        return 1, 1024, ""
+        return NodeShape(cpus=1, memory_mb=1024, note="scripted")

@@ -83,7 +83,7 @@ def test_it_shows_alice_her_cluster_page(alice_web, demo):
     content = alice_web.get("/clusters/alpha/demo/").content.decode()
     assert "demo" in content
     assert 'hx-get="/clusters/alpha/demo/operation/"' in content
-    assert "1 CPU" in content  # how the local backend runs each node
+    assert "of 8 vCPUs" in content  # how the local backend scales each node down
 
 
 def test_charlie_gets_404_for_alices_cluster_page_and_fragments(client, charlie, charlies_project, demo):

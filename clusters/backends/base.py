@@ -56,6 +56,16 @@ class NodeStatus:
 
 
 @dataclass
+class NodeShape:
+    """What one node of a pool really gets on a backend, and a sentence saying how it differs from the spec."""
+
+    cpus: int
+    memory_mb: int
+    gpus: int = 0
+    note: str = ""
+
+
+@dataclass
 class JobStatus:
     job_id: int
     name: str
@@ -98,7 +108,7 @@ class Backend:
         raise NotImplementedError
 
     def node_shape(self, cluster, pool):
-        """(cpus, memory_mb, gres) each node of `pool` gets on this backend; shown on the cluster page."""
+        """The NodeShape each node of `pool` gets on this backend; shown on the cluster page."""
         raise NotImplementedError
 
     @staticmethod

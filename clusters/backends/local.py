@@ -18,11 +18,11 @@ from pathlib import Path
 
 from django.conf import settings
 
-from ..choices import ClusterStatus, NodeState
+from ..choices import ClusterStatus, NodeRole, NodeState
 from ..spec import pool_node_count
 from ..spec.catalog import machine_type_info
 from . import processes
-from .base import Backend, PermanentBackendError, Step, TransientBackendError
+from .base import Backend, NodeShape, PermanentBackendError, Step, TransientBackendError
 from .slurm import parse_sinfo, parse_squeue, run_client
 
 
@@ -68,6 +68,16 @@ class ClusterPaths:
         return self.root / "home"
 
 
+def machine_vcpus(pool):
+    info = machine_type_info(pool.machine_type)
+    return info.vcpus if info else 1
+
+
+def machine_memory_mb(pool):
+    info = machine_type_info(pool.machine_type)
+    return info.memory_gb * 1024 if info else 1024
+
+
 def host_memory_mb():
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
 
@@ -99,12 +109,23 @@ class LocalBackend(Backend):
             )
 
     def node_shape(self, cluster, pool):
-        """Each local node is 1 CPU and an equal share of half this machine's memory, capped at the spec's."""
-        total = max(1, cluster.compute_nodes().count())
-        share = max(256, host_memory_mb() // 2 // total)
-        info = machine_type_info(pool.machine_type)
-        wanted = info.memory_gb * 1024 if info else share
-        return 1, min(share, wanted), ""
+        """The pool's CPUs and memory scaled down, in proportion, to what this machine has.
+
+        Every compute node of the cluster shares this host: CPUs are scaled so all nodes together
+        declare about the host's cores (at least 1 each), memory so they share half of its RAM.
+        GPUs are not emulated: a GPU pool's nodes run on CPU here.
+        """
+        pools = list(cluster.node_pools.filter(role=NodeRole.COMPUTE))
+        wanted_cpus = sum(machine_vcpus(p) * p.node_count for p in pools) or 1
+        wanted_mb = sum(machine_memory_mb(p) * p.node_count for p in pools) or 1
+        cpu_factor = min(1.0, (os.cpu_count() or 1) / wanted_cpus)
+        mem_factor = min(1.0, host_memory_mb() / 2 / wanted_mb)
+        cpus = max(1, int(machine_vcpus(pool) * cpu_factor))
+        memory = max(256, int(machine_memory_mb(pool) * mem_factor))
+        note = f"{cpus} of {machine_vcpus(pool)} vCPUs, {memory:,} of {machine_memory_mb(pool):,} MB"
+        if pool.accelerator_count:
+            note += f"; no GPUs here (spec: {pool.accelerator_count} x {pool.accelerator_type})"
+        return NodeShape(cpus=cpus, memory_mb=memory, gpus=0, note=note)
 
     def apply_steps(self, cluster):
         paths = self.paths(cluster)
@@ -262,12 +283,12 @@ class LocalBackend(Backend):
             "MailProg=/bin/true",
             "",
         ]
-        by_pool = {}
+        by_pool, shapes = {}, {}
         for node in wanted:
-            cpus, memory, _gres = self.node_shape(cluster, node.node_pool)
+            shape = shapes.setdefault(node.node_pool_id, self.node_shape(cluster, node.node_pool))
             lines.append(
                 f"NodeName={node.name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={ports['nodes'][node.name]} "
-                f"CPUs={cpus} RealMemory={memory} State=UNKNOWN"
+                f"CPUs={shape.cpus} RealMemory={shape.memory_mb} State=UNKNOWN"
             )
             by_pool.setdefault(node.node_pool_id, []).append(node.name)
         lines.append("")

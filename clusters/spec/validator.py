@@ -7,6 +7,7 @@ collected, never raised one at a time, and each names its field path (`node_pool
 import re
 
 from .catalog import REGIONS, machine_type_info
+from .console_block import validate_console_block
 
 ACCELERATOR_TYPES = ("NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB", "NVIDIA_B200")
 PROVISIONING_MODELS = ("ON_DEMAND", "SPOT", "RESERVATION", "FLEX_START")
@@ -47,7 +48,6 @@ SLURM_SPEC = {
     "prolog_bash_scripts",
     "epilog_bash_scripts",
 }
-CONSOLE = {"backend"}
 
 
 class SpecError(Exception):
@@ -141,7 +141,10 @@ def validate_spec(data, *, backends):
     pools = validate_node_pools(errors, spec.get("node_pools"))
     validate_network(errors, spec.get("network"))
     validate_slurm(errors, spec.get("orchestrator_spec"), pools)
-    console = expect_object(errors, spec.get("console"), "console", CONSOLE)
+    validate_console_block(
+        errors, spec.get("console"), spec, expect_object=expect_object, expect_list=expect_list, expect_int=expect_int
+    )
+    console = spec.get("console") if isinstance(spec.get("console"), dict) else {}
     backend_name = console.get("backend") or next(iter(backends))
     backend = backends.get(backend_name)
     if backend is None:
