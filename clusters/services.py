@@ -16,7 +16,8 @@ from django.utils import timezone
 from .backends import BackendError, TransientBackendError, all_backends, get_backend
 from .choices import ClusterStatus, EventLevel, NodeRole, NodeState, OperationKind, OperationStatus
 from .models import Cluster, ClusterEvent, Node, NodePool, Operation, Partition
-from .spec import SpecError, pool_node_count, validate_spec
+from .spec import SpecError, normalize, pool_node_count, validate_spec
+from .spec.plan import quota
 from .spec.validator import RESOURCE_ID
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ class Conflict(ConsoleError):
     code = 409
 
 
+class QuotaExceeded(ConsoleError):
+    code = 403
+
+
 # -- requests ---------------------------------------------------------------------------------
 
 
@@ -60,25 +65,92 @@ def validate_request(name, spec):
 def create_cluster(*, project, name, spec, user=None, location=""):
     """Validate, record the cluster with its pools, partitions and nodes, and enqueue provisioning."""
     spec = validate_request(name, spec)
-    backend = (spec.get("console") or {}).get("backend") or settings.DEFAULT_CLUSTER_BACKEND
     if location and location != region_of(spec):
         raise SpecError({"node_pools[0].zone": [f"must be a zone of {location}, the location in the request path"]})
-    location = location or region_of(spec)
+    check_quota(project, spec)
     with transaction.atomic():
         if Cluster.objects.live().filter(project=project, name=name).exists():
             raise AlreadyExists(f"Cluster '{name}' already exists in project '{project.slug}'")
         cluster = Cluster.objects.create(
             project=project,
             name=name,
-            location=location,
-            backend=backend,
+            location=region_of(spec),
+            backend=backend_of(spec),
             spec=spec,
             status=ClusterStatus.PROVISIONING,
             created_by=user,
         )
         build_topology(cluster, spec)
-        operation = start_operation(cluster, OperationKind.CREATE, user, f"Create requested by {user or 'system'}")
-    return operation
+        return start_operation(cluster, OperationKind.CREATE, user, f"Create requested by {user or 'system'}")
+
+
+def create_draft(*, project, name, spec, user=None):
+    """A DRAFT cluster holding a spec in progress (the wizard's); nothing is validated but the id."""
+    if not isinstance(name, str) or not RESOURCE_ID.match(name):
+        raise SpecError({"cluster_id": ["must be 1-63 lowercase letters, digits or hyphens, starting with a letter"]})
+    spec = normalize(spec) if isinstance(spec, dict) else {}
+    with transaction.atomic():
+        if Cluster.objects.live().filter(project=project, name=name).exists():
+            raise AlreadyExists(f"Cluster '{name}' already exists in project '{project.slug}'")
+        cluster = Cluster.objects.create(
+            project=project,
+            name=name,
+            location=region_of(spec),
+            backend=backend_of(spec),
+            spec=spec,
+            status=ClusterStatus.DRAFT,
+            created_by=user,
+        )
+        record_event(cluster, f"Draft started by {user or 'system'}")
+    return cluster
+
+
+def save_draft(cluster, spec, name=None):
+    """Store a draft's spec (and new id); only while it is still a draft."""
+    spec = normalize(spec)
+    fields = {"spec": spec, "location": region_of(spec), "backend": backend_of(spec), "updated": timezone.now()}
+    if name is not None and name != cluster.name:
+        if not isinstance(name, str) or not RESOURCE_ID.match(name):
+            raise SpecError(
+                {"cluster_id": ["must be 1-63 lowercase letters, digits or hyphens, starting with a letter"]}
+            )
+        if Cluster.objects.live().filter(project=cluster.project, name=name).exclude(pk=cluster.pk).exists():
+            raise SpecError({"cluster_id": [f"a cluster named '{name}' already exists in this project"]})
+        fields["name"] = name
+    if not Cluster.objects.filter(pk=cluster.pk, status=ClusterStatus.DRAFT).update(**fields):
+        raise Conflict("This cluster is no longer a draft; its spec can only change through an update")
+    for key, value in fields.items():
+        setattr(cluster, key, value)
+
+
+def submit_draft(*, cluster, user=None):
+    """Validate a draft and start provisioning it, as a create would."""
+    spec = validate_request(cluster.name, cluster.spec)
+    check_quota(cluster.project, spec, exclude=cluster)
+    with transaction.atomic():
+        if not cluster.set_status(ClusterStatus.PROVISIONING, expected=[ClusterStatus.DRAFT]):
+            raise Conflict(f"Cluster '{cluster.name}' is not a draft any more")
+        cluster.spec, cluster.backend, cluster.location = spec, backend_of(spec), region_of(spec)
+        cluster.save(update_fields=["spec", "backend", "location", "updated"])
+        build_topology(cluster, spec)
+        return start_operation(cluster, OperationKind.CREATE, user, f"Create requested by {user or 'system'}")
+
+
+def check_quota(project, spec, exclude=None):
+    over = [line for line in quota(project, spec, exclude=exclude) if not line.ok]
+    if over:
+        raise QuotaExceeded(
+            "Quota exceeded: "
+            + "; ".join(
+                f"{line.resource}: the project's quota is {line.limit}, its clusters use {line.in_use}, "
+                f"this asks for {line.requested}"
+                for line in over
+            )
+        )
+
+
+def backend_of(spec):
+    return (spec.get("console") or {}).get("backend") or settings.DEFAULT_CLUSTER_BACKEND
 
 
 def update_cluster(*, cluster, spec, user=None):
@@ -87,6 +159,7 @@ def update_cluster(*, cluster, spec, user=None):
     changed = immutable_changes(cluster.spec, spec)
     if changed:
         raise SpecError({path: ["cannot change after the cluster is created"] for path in changed})
+    check_quota(cluster.project, spec, exclude=cluster)
     with transaction.atomic():
         previous = cluster.spec
         if not cluster.set_status(ClusterStatus.UPDATING, expected=ClusterStatus.usable()):
@@ -107,6 +180,21 @@ def update_cluster(*, cluster, spec, user=None):
 
 
 def delete_cluster(*, cluster, user=None):
+    """Delete through an operation; a draft has nothing running, so its operation is done at once."""
+    if cluster.status == ClusterStatus.DRAFT:
+        with transaction.atomic():
+            if not cluster.set_status(ClusterStatus.DELETED, expected=[ClusterStatus.DRAFT]):
+                raise Conflict(f"Cluster '{cluster.name}' is not a draft any more")
+            operation = Operation.objects.create(
+                cluster=cluster,
+                kind=OperationKind.DELETE,
+                created_by=user,
+                status=OperationStatus.SUCCEEDED,
+                progress=100,
+                finished=timezone.now(),
+            )
+            record_event(cluster, f"Draft discarded by {user or 'system'}", operation=operation)
+        return operation
     with transaction.atomic():
         if not cluster.set_status(ClusterStatus.DELETING, expected=ClusterStatus.deletable()):
             raise Conflict(

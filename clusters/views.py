@@ -69,6 +69,8 @@ def cluster_new(request):
 
 def cluster_detail(request, project, name):
     cluster = cluster_for(request, project, name)
+    if cluster.status == ClusterStatus.DRAFT:
+        return redirect("wizard-review", cluster.project.slug, cluster.name)
     backend = get_backend(cluster.backend)
     pools = []
     for pool in cluster.node_pools.prefetch_related("partitions"):

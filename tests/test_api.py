@@ -172,3 +172,15 @@ def test_it_refuses_huge_and_absurdly_nested_bodies_with_a_clear_message(alice_a
     assert response.status_code == 413
     assert "Request body refused" in response.json()["detail"]
     assert not Cluster.objects.exists()
+
+
+def test_it_refuses_a_cluster_over_the_projects_quota(alice_api, alpha):
+    alpha.node_quota = 3
+    alpha.save()
+    assert create(alice_api, "first", example_spec(cpu=2)).status_code == 202
+    response = create(alice_api, "second", example_spec(cpu=2))
+    assert response.status_code == 403
+    assert response.json()["detail"] == (
+        "Quota exceeded: Compute nodes: the project's quota is 3, its clusters use 2, this asks for 2"
+    )
+    assert create(alice_api, "third", example_spec(cpu=1)).status_code == 202

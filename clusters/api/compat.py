@@ -198,6 +198,8 @@ class CompatView(APIView):
             raise invalid("Request contains an invalid argument.", exc.errors) from None
         except services.AlreadyExists as exc:
             raise RpcError(409, "ALREADY_EXISTS", exc.message) from None
+        except services.QuotaExceeded as exc:
+            raise RpcError(429, "RESOURCE_EXHAUSTED", exc.message) from None
         except services.Conflict as exc:
             raise RpcError(400, "FAILED_PRECONDITION", exc.message) from None
         except services.ConsoleError as exc:

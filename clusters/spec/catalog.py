@@ -24,6 +24,33 @@ REGIONS = (
 )
 
 
+# Zones of each region (Compute Engine "Regions and zones" page, read 2026-12-02).
+ZONES = {
+    "us-central1": ("a", "b", "c", "f"),
+    "us-east1": ("b", "c", "d"),
+    "us-east4": ("a", "b", "c"),
+    "us-east5": ("a", "b", "c"),
+    "us-south1": ("a", "b", "c"),
+    "us-west1": ("a", "b", "c"),
+    "us-west4": ("a", "b", "c"),
+    "asia-southeast1": ("a", "b", "c"),
+    "europe-west1": ("b", "c", "d"),
+    "europe-west4": ("a", "b", "c"),
+    "europe-north1": ("a", "b", "c"),
+}
+
+
+def machine_type_names():
+    """Every machine type the console knows, GPU types first, for pickers."""
+    data = _catalog()
+    names = list(data["fixed"])
+    for family, shape in data["families"].items():
+        for kind in ("standard", "highmem", "highcpu"):
+            if kind in shape:
+                names += [f"{family}-{kind}-{n}" for n in shape["vcpus"]]
+    return names
+
+
 @dataclass(frozen=True)
 class MachineType:
     name: str

@@ -310,6 +310,55 @@ def validate_slurm(errors, value, pools):
         for j, script in enumerate(expect_list(errors, slurm.get(key), f"{path}.{key}")):
             if not isinstance(script, str):
                 errors.add(f"{path}.{key}[{j}]", "must be a string")
+    home = slurm.get("home_directory_storage")
+    if home is not None and not isinstance(home, str):
+        errors.add(f"{path}.home_directory_storage", "must be a Filestore or Lustre instance name")
+    validate_accounting(errors, slurm.get("accounting"), f"{path}.accounting")
+    validate_scheduling(errors, slurm.get("scheduling"), f"{path}.scheduling")
+
+
+ENFORCE = {"associations", "limits", "nojobs", "nosteps", "qos", "safe", "wckeys", "all"}
+PRIORITY_TYPES = ("priority/basic", "priority/multifactor")
+PREEMPT_TYPES = ("preempt/none", "preempt/partition_prio", "preempt/qos")
+PREEMPT_MODES = ("OFF", "CANCEL", "REQUEUE", "SUSPEND", "GANG")
+WEIGHTS = (
+    "priority_weight_age",
+    "priority_weight_assoc",
+    "priority_weight_fairshare",
+    "priority_weight_job_size",
+    "priority_weight_partition",
+    "priority_weight_qos",
+    "priority_weight_tres",
+)
+
+
+def validate_accounting(errors, value, path):
+    accounting = expect_object(errors, value, path, {"accounting_storage_enforce"})
+    enforce = accounting.get("accounting_storage_enforce")
+    if enforce is None:
+        return
+    words = enforce.split(",") if isinstance(enforce, str) else [None]
+    bad = [w for w in words if w not in ENFORCE]
+    if bad:
+        errors.add(f"{path}.accounting_storage_enforce", f"comma-separated values from: {', '.join(sorted(ENFORCE))}")
+
+
+def validate_scheduling(errors, value, path):
+    scheduling = expect_object(
+        errors, value, path, {"priority_type", "preempt_type", "preempt_mode", "preempt_exempt_time", *WEIGHTS}
+    )
+    for key, choices in (("priority_type", PRIORITY_TYPES), ("preempt_type", PREEMPT_TYPES)):
+        if key in scheduling and scheduling[key] not in choices:
+            errors.add(f"{path}.{key}", f"must be one of: {', '.join(choices)}")
+    mode = scheduling.get("preempt_mode")
+    if mode is not None and (not isinstance(mode, str) or any(m not in PREEMPT_MODES for m in mode.split(","))):
+        errors.add(f"{path}.preempt_mode", f"comma-separated values from: {', '.join(PREEMPT_MODES)}")
+    for key in WEIGHTS:
+        if key in scheduling:
+            expect_int(errors, scheduling[key], f"{path}.{key}")
+    exempt = scheduling.get("preempt_exempt_time")
+    if exempt is not None and (not isinstance(exempt, str) or not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){0,2}", exempt)):
+        errors.add(f"{path}.preempt_exempt_time", "must be a Slurm time such as 00:10:00 or 1-00:00:00")
 
 
 def pool_node_count(pool):

@@ -1,0 +1,201 @@
+"""What a spec will create, what it costs per hour (from clusters/data/prices.json) and the project quota check."""
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from .catalog import machine_type_info
+from .validator import pool_node_count
+
+PRICES = Path(__file__).resolve().parent.parent / "data" / "prices.json"
+
+
+@dataclass
+class PlannedResource:
+    kind: str
+    name: str
+    detail: str
+
+
+@dataclass
+class CostLine:
+    item: str
+    quantity: str
+    per_hour: float | None  # None: no price in the table
+
+
+@dataclass
+class QuotaLine:
+    resource: str
+    in_use: int
+    requested: int
+    limit: int | None
+
+    @property
+    def ok(self):
+        return self.limit is None or self.in_use + self.requested <= self.limit
+
+
+@cache
+def prices():
+    return json.loads(PRICES.read_text())
+
+
+def login_pool_id(spec):
+    return spec.get("orchestrator_spec", {}).get("slurm_spec", {}).get("login_node_pool_id")
+
+
+def plan(spec):
+    """Resources a cloud backend would create for this spec, in dependency order."""
+    console = spec.get("console") or {}
+    network = console.get("network") or {}
+    storage = console.get("storage") or {}
+    name = spec.get("display_name", "cluster")
+    items = []
+    if network.get("create"):
+        items.append(
+            PlannedResource(
+                "VPC network",
+                spec.get("network", {}).get("network") or f"{name}-net",
+                f"MTU {network.get('mtu', 1460)}",
+            )
+        )
+        items.append(PlannedResource("Subnetwork", f"{name}-subnet", network.get("subnet_range", "")))
+        items.append(
+            PlannedResource(
+                "Firewall rules", f"{name}-internal, {name}-ssh-login", "internal traffic; SSH to the login node only"
+            )
+        )
+        if network.get("private_services_range"):
+            items.append(PlannedResource("Private services access", f"{name}-psa", network["private_services_range"]))
+    else:
+        items.append(PlannedResource("Existing VPC network", spec.get("network", {}).get("network", "—"), "used as is"))
+    home = storage.get("filestore_home")
+    if home:
+        items.append(
+            PlannedResource(
+                "Filestore (/home)", f"{name}-home", f"{home.get('tier')}, {home.get('capacity_gb', 0):,} GB"
+            )
+        )
+    lustre = storage.get("lustre")
+    if lustre:
+        items.append(
+            PlannedResource(
+                "Managed Lustre",
+                f"{name}-lustre",
+                f"{lustre.get('capacity_gb', 0):,} GiB at {lustre.get('performance_tier')} MB/s per TiB"
+                f" on {lustre.get('mount_point', '/lustre')}",
+            )
+        )
+    for bucket in storage.get("gcs_buckets", []):
+        items.append(PlannedResource("GCS FUSE mount", bucket.get("bucket", ""), bucket.get("mount_point", "")))
+    login = login_pool_id(spec)
+    for pool in spec.get("node_pools", []):
+        machine = pool.get("machine_spec", {}).get("machine_type", "?")
+        count = pool_node_count(pool)
+        kind = "Login node" if pool.get("id") == login else "Worker nodes"
+        model = pool.get("provisioning_model", "ON_DEMAND")
+        items.append(
+            PlannedResource(kind, f"{name}-{pool.get('id')}-[0-{max(count - 1, 0)}]", f"{count} x {machine}, {model}")
+        )
+    for partition in spec.get("orchestrator_spec", {}).get("slurm_spec", {}).get("partitions", []):
+        items.append(
+            PlannedResource("Slurm partition", partition.get("id", ""), ", ".join(partition.get("node_pool_ids", [])))
+        )
+    return items
+
+
+def machine_price(machine, model):
+    table = prices()
+    info = machine_type_info(machine)
+    if info is None:
+        return None
+    spot = model in ("SPOT", "FLEX_START")
+    fixed = table["machine_types"].get(machine)
+    if fixed:
+        return fixed["spot_per_hour"] if spot else fixed["on_demand_per_hour"]
+    family = table["families"].get(machine.split("-")[0])
+    if not family:
+        return None
+    price = info.vcpus * family["vcpu_per_hour"] + info.memory_gb * family["gb_per_hour"]
+    return price * family["spot_factor"] if spot else price
+
+
+def cost(spec):
+    """(lines, total per hour) for the spec's machines, boot disks and storage."""
+    table = prices()
+    hours = table["hours_per_month"]
+    lines = []
+    for pool in spec.get("node_pools", []):
+        count = pool_node_count(pool)
+        machine = pool.get("machine_spec", {}).get("machine_type", "")
+        model = pool.get("provisioning_model", "ON_DEMAND")
+        price = machine_price(machine, model)
+        lines.append(
+            CostLine(
+                f"{pool.get('id')}: {machine} ({model.lower()})",
+                f"{count} nodes",
+                None if price is None else price * count,
+            )
+        )
+        disk = pool.get("boot_disk") or {}
+        disk_price = table["boot_disk_per_gb_month"].get(disk.get("boot_disk_type", "pd-balanced"))
+        size = disk.get("boot_disk_size_gb", 100)
+        if disk_price is not None and count:
+            lines.append(
+                CostLine(f"{pool.get('id')}: boot disks", f"{count} x {size} GB", disk_price * size * count / hours)
+            )
+    storage = (spec.get("console") or {}).get("storage") or {}
+    home = storage.get("filestore_home")
+    if home:
+        per_gb = table["filestore_per_gb_month"].get(home.get("tier"))
+        size = home.get("capacity_gb", 0)
+        lines.append(
+            CostLine(f"Filestore {home.get('tier')}", f"{size:,} GB", None if per_gb is None else per_gb * size / hours)
+        )
+    lustre = storage.get("lustre")
+    if lustre:
+        per_gb = table["lustre_per_gb_month"].get(str(lustre.get("performance_tier")))
+        size = lustre.get("capacity_gb", 0)
+        lines.append(
+            CostLine(
+                f"Managed Lustre {lustre.get('performance_tier')} MB/s/TiB",
+                f"{size:,} GiB",
+                None if per_gb is None else per_gb * size / hours,
+            )
+        )
+    total = sum(line.per_hour for line in lines if line.per_hour is not None)
+    return lines, total
+
+
+def requested(spec):
+    """(compute nodes, GPUs) the spec asks for."""
+    login = login_pool_id(spec)
+    nodes = gpus = 0
+    for pool in spec.get("node_pools", []):
+        if pool.get("id") == login:
+            continue
+        count = pool_node_count(pool)
+        nodes += count
+        gpus += count * int(pool.get("machine_spec", {}).get("accelerator_count") or 0)
+    return nodes, gpus
+
+
+def quota(project, spec, exclude=None):
+    """The project's node and GPU quota against what its live clusters hold and what `spec` asks for."""
+    from ..choices import ClusterStatus
+
+    in_use_nodes = in_use_gpus = 0
+    clusters = project.clusters.exclude(status__in=[ClusterStatus.DELETED, ClusterStatus.DRAFT])
+    if exclude is not None:
+        clusters = clusters.exclude(pk=exclude.pk)
+    for other in clusters:
+        n, g = requested(other.spec)
+        in_use_nodes += n
+        in_use_gpus += g
+    nodes, gpus = requested(spec)
+    return [
+        QuotaLine("Compute nodes", in_use_nodes, nodes, project.node_quota),
+        QuotaLine("GPUs", in_use_gpus, gpus, project.gpu_quota),
+    ]
