@@ -1,0 +1,120 @@
+"""The wizards in a real browser: Playwright drives Debian's chromium against the live server.
+
+A real Celery worker provisions the cluster the reference path creates, on a real local Slurm.
+"""
+
+import os
+import shutil
+
+import pytest
+
+from clusters.choices import ClusterStatus
+from clusters.models import Cluster
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slurm]
+
+# Playwright's sync API runs an event loop in this thread; the ORM calls the tests make are still
+# plain synchronous calls, which Django would otherwise refuse inside a running loop.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.fail("chromium is not installed (apt-get install chromium; .ci/run does)")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, live_server, alice, alpha):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    page.goto(f"{live_server.url}/accounts/login/")
+    page.fill("input[name=username]", "alice")
+    page.fill("input[name=password]", "alice-password")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+    yield page
+    context.close()
+
+
+def test_alice_reaches_a_ready_cluster_from_a_reference_architecture(page, live_server, celery_worker, slurm_cleanup):
+    page.goto(f"{live_server.url}/clusters/wizard/")
+    form = page.locator("#reference-form")
+    form.get_by_label("CPU only (n2)").check()
+    form.get_by_label("Cluster id").fill("refcpu")
+    form.get_by_label("Display name").fill("refcpu")
+    form.get_by_label("Worker nodes").fill("2")
+    form.get_by_role("button", name="Continue to review").click()
+    page.wait_for_url("**/wizard/review/")
+    assert page.locator("#plan").get_by_text("2 x n2-standard-8, ON_DEMAND").is_visible()
+    page.get_by_role("button", name="Create cluster").click()
+    page.wait_for_url(f"{live_server.url}/clusters/alpha/refcpu/")
+    # htmx polls the operation and swaps the status badge in when it changes.
+    page.locator("#cluster-status", has_text="Ready").wait_for(timeout=90_000)
+    assert page.locator(".progress-label .pct").text_content() == "100%"
+    page.locator("#nodes td", has_text="idle").first.wait_for()
+    assert page.locator("#nodes .badge", has_text="idle").count() == 2
+    assert Cluster.objects.get(name="refcpu").status == ClusterStatus.READY
+
+
+def start_step_by_step(page, live_server, cluster_id="steps"):
+    page.goto(f"{live_server.url}/clusters/wizard/")
+    form = page.locator("#scratch-form")
+    form.get_by_label("Cluster id").fill(cluster_id)
+    form.get_by_role("button", name="Start").click()
+    page.wait_for_url(f"**/clusters/alpha/{cluster_id}/wizard/basics/")
+
+
+def test_a_bad_value_shows_an_inline_error_until_it_is_fixed(page, live_server):
+    start_step_by_step(page, live_server)
+    page.get_by_label("Display name").fill("Bad Name")
+    error = page.locator("#err-display_name")
+    error.filter(has_text="lowercase letters or digits").wait_for()
+    page.get_by_label("Display name").fill("good1")
+    page.wait_for_function("document.getElementById('err-display_name').textContent === ''")
+    page.get_by_role("button", name="Next: Compute").click()
+    page.wait_for_url("**/wizard/compute/")
+    assert Cluster.objects.get(name="steps").spec["display_name"] == "good1"
+
+
+def test_a_reload_in_the_middle_keeps_the_draft(page, live_server):
+    start_step_by_step(page, live_server)
+    page.goto(f"{live_server.url}/clusters/alpha/steps/wizard/compute/")
+    nodes = page.locator("input[name='pool-1-count']")
+    nodes.fill("3")
+    page.wait_for_function("() => true", polling=100)  # let the debounced live check fire
+    page.wait_for_timeout(1000)
+    page.reload()
+    assert page.locator("input[name='pool-1-count']").input_value() == "3"
+    second_tab = page.context.new_page()
+    second_tab.goto(f"{live_server.url}/clusters/alpha/steps/wizard/review/")
+    assert "3 x n2-standard-8" in second_tab.locator("#plan").text_content()
+    second_tab.close()
+
+
+def test_alice_can_complete_a_step_with_the_keyboard_alone(page, live_server):
+    start_step_by_step(page, live_server)
+    page.get_by_label("Cluster id").focus()
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.name") == "display_name"
+    page.keyboard.press("Control+A")
+    page.keyboard.type("keys1")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.name") == "zone"
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.name") == "backend"
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent").startswith("Next")
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/wizard/compute/")
+    assert Cluster.objects.get(name="steps").spec["display_name"] == "keys1"
