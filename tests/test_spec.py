@@ -141,3 +141,159 @@ def test_it_applies_the_local_backends_node_limit():
 
 def test_it_rejects_a_spec_that_is_not_an_object():
     assert errors_of(["not", "an", "object"]) == {"spec": ["must be a JSON object"]}
+
+
+def with_console(**block):
+    spec = example_spec()
+    spec["console"].update(block)
+    return spec
+
+
+def test_it_accepts_a_full_console_block():
+    spec = with_console(
+        network={"create": True, "mtu": 8896, "subnet_range": "10.0.0.0/16", "private_services_range": "10.100.0.0/20"},
+        storage={
+            "filestore_home": {"tier": "HIGH_SCALE_SSD", "capacity_gb": 10240},
+            "lustre": {"performance_tier": 1000, "capacity_gb": 1_530_000, "mount_point": "/lustre"},
+            "gcs_buckets": [{"bucket": "ckpts", "mount_point": "/gcs-checkpoints", "mount_options": ["implicit-dirs"]}],
+        },
+    )
+    validate_spec(spec, backends=all_backends())
+
+
+@pytest.mark.parametrize(
+    ("network", "path", "message"),
+    [
+        (
+            {"create": True, "mtu": 9000, "subnet_range": "10.0.0.0/16"},
+            "console.network.mtu",
+            "must be one of 1460, 1500, 8896",
+        ),
+        ({"create": True}, "console.network.subnet_range", "is required when the console creates the network"),
+        (
+            {"create": True, "subnet_range": "8.8.8.0/24"},
+            "console.network.subnet_range",
+            "must be a private IPv4 range",
+        ),
+        ({"create": True, "subnet_range": "10.0.0.0/33"}, "console.network.subnet_range", "must be a CIDR range"),
+        (
+            {"create": True, "subnet_range": "10.0.0.0/16", "private_services_range": "10.0.128.0/20"},
+            "console.network.private_services_range",
+            "overlaps the subnet range 10.0.0.0/16",
+        ),
+        (
+            {"create": True, "subnet_range": "10.0.0.0/16", "private_services_range": "10.200.0.0/28"},
+            "console.network.private_services_range",
+            "must be a /16 to /24 range",
+        ),
+    ],
+)
+def test_it_checks_the_network_to_create(network, path, message):
+    assert message in errors_of(with_console(network=network))[path][0]
+
+
+def test_it_needs_an_existing_network_name_when_not_creating_one():
+    spec = with_console(network={"create": False})
+    del spec["network"]
+    assert "name an existing VPC network" in errors_of(spec)["network.network"][0]
+
+
+@pytest.mark.parametrize(
+    ("storage", "path", "message"),
+    [
+        (
+            {"filestore_home": {"tier": "GOLD", "capacity_gb": 1024}},
+            "console.storage.filestore_home.tier",
+            "must be one of",
+        ),
+        (
+            {"filestore_home": {"tier": "BASIC_SSD", "capacity_gb": 1024}},
+            "console.storage.filestore_home.capacity_gb",
+            "BASIC_SSD holds 2,560 to 65,434 GB",
+        ),
+        (
+            {"lustre": {"performance_tier": 300, "capacity_gb": 18000}},
+            "console.storage.lustre.performance_tier",
+            "must be one of 125, 250, 500, 1000",
+        ),
+        (
+            {"lustre": {"performance_tier": 125, "capacity_gb": 36000}},
+            "console.storage.lustre.capacity_gb",
+            "holds 72,000 to 12,240,000 GiB",
+        ),
+        (
+            {"lustre": {"performance_tier": 250, "capacity_gb": 40000}},
+            "console.storage.lustre.capacity_gb",
+            "multiple of 36,000 GiB",
+        ),
+        (
+            {"lustre": {"performance_tier": 1000, "capacity_gb": 1_548_000}},
+            "console.storage.lustre.capacity_gb",
+            "multiple of 72,000 GiB",
+        ),
+        (
+            {"gcs_buckets": [{"bucket": "Bad_Bucket!", "mount_point": "/data"}]},
+            "console.storage.gcs_buckets[0].bucket",
+            "must be a bucket name",
+        ),
+        (
+            {"gcs_buckets": [{"bucket": "ok-bucket", "mount_point": "data"}]},
+            "console.storage.gcs_buckets[0].mount_point",
+            "absolute path",
+        ),
+        (
+            {"gcs_buckets": [{"bucket": "aaa", "mount_point": "/d"}, {"bucket": "bbb", "mount_point": "/d"}]},
+            "console.storage.gcs_buckets[1].mount_point",
+            "already the mount point",
+        ),
+        (
+            {"gcs_buckets": [{"bucket": "aaa", "mount_point": "/d", "mount_options": ["a b"]}]},
+            "console.storage.gcs_buckets[0].mount_options[0]",
+            "one gcsfuse option",
+        ),
+    ],
+)
+def test_it_checks_the_storage_to_create(storage, path, message):
+    assert message in errors_of(with_console(storage=storage))[path][0]
+
+
+def test_it_needs_a_private_services_range_for_filestore_on_a_new_network():
+    spec = with_console(
+        network={"create": True, "subnet_range": "10.0.0.0/16"},
+        storage={"filestore_home": {"tier": "ZONAL", "capacity_gb": 1024}},
+    )
+    assert "is required to create Filestore" in errors_of(spec)["console.network.private_services_range"][0]
+
+
+@pytest.mark.parametrize(
+    ("slurm", "path"),
+    [
+        ({"accounting": {"accounting_storage_enforce": "limits,bogus"}}, "accounting.accounting_storage_enforce"),
+        ({"scheduling": {"priority_type": "priority/random"}}, "scheduling.priority_type"),
+        ({"scheduling": {"preempt_mode": "REQUEUE,EXPLODE"}}, "scheduling.preempt_mode"),
+        ({"scheduling": {"priority_weight_age": -1}}, "scheduling.priority_weight_age"),
+        ({"scheduling": {"preempt_exempt_time": "ten minutes"}}, "scheduling.preempt_exempt_time"),
+        ({"scheduling": {"fair": 1}}, "scheduling.fair"),
+        ({"prolog_bash_scripts": [7]}, "prolog_bash_scripts[0]"),
+    ],
+)
+def test_it_checks_slurm_settings(slurm, path):
+    spec = example_spec()
+    spec["orchestrator_spec"]["slurm_spec"].update(slurm)
+    assert f"orchestrator_spec.slurm_spec.{path}" in errors_of(spec)
+
+
+def test_it_accepts_the_services_scheduling_settings():
+    spec = example_spec()
+    spec["orchestrator_spec"]["slurm_spec"].update(
+        accounting={"accounting_storage_enforce": "associations,limits,qos"},
+        scheduling={
+            "priority_type": "priority/multifactor",
+            "priority_weight_age": 1000,
+            "priority_weight_fairshare": 10000,
+            "preempt_type": "preempt/qos",
+            "preempt_mode": "REQUEUE",
+            "preempt_exempt_time": "00:10:00",
+        },
+    )
+    validate_spec(spec, backends=all_backends())
