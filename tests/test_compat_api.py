@@ -183,3 +183,11 @@ def test_it_refuses_a_deeply_nested_body_as_invalid_argument(alice_api):
     )
     assert response.status_code == 400
     assert "nested deeper" in response.json()["error"]["message"]
+
+
+def test_it_keeps_wizard_drafts_out_of_the_service_paths(alice_api, alice, alpha):
+    from clusters import services
+
+    services.create_draft(project=alpha, name="draft", spec=example_spec(), user=alice)
+    assert alice_api.get(f"{BASE}/modelDevelopmentClusters").json()["clusters"] == []
+    assert alice_api.get(f"{BASE}/modelDevelopmentClusters/draft").status_code == 404

@@ -173,6 +173,7 @@ class CompatView(APIView):
     def cluster(self, project, location, cluster_id):
         cluster = (
             Cluster.objects.live()
+            .exclude(status=ClusterStatus.DRAFT)  # drafts are the wizard's, not the service's
             .select_related("project")
             .filter(project=self.project(project), location=location, name=cluster_id)
             .first()
@@ -211,7 +212,10 @@ class CompatView(APIView):
 class CompatClusters(CompatView):
     def get(self, request, project, location):
         clusters = (
-            Cluster.objects.live().select_related("project").filter(project=self.project(project), location=location)
+            Cluster.objects.live()
+            .exclude(status=ClusterStatus.DRAFT)
+            .select_related("project")
+            .filter(project=self.project(project), location=location)
         )
         try:
             size = int(
