@@ -36,6 +36,8 @@ class Project(models.Model):
     slug = models.SlugField(max_length=63, unique=True)
     name = models.CharField(max_length=200)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="projects", blank=True)
+    # The Google Cloud project the gce backend creates this project's clusters in.
+    gcp_project_id = models.CharField(max_length=30, blank=True)
     # Limits across the project's live clusters; empty means no limit.
     node_quota = models.PositiveIntegerField(null=True, blank=True, help_text="Compute nodes, all clusters")
     gpu_quota = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs, all clusters")

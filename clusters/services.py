@@ -17,7 +17,7 @@ from .backends import BackendError, TransientBackendError, all_backends, get_bac
 from .choices import ClusterStatus, EventLevel, NodeRole, NodeState, OperationKind, OperationStatus
 from .models import Cluster, ClusterEvent, Node, NodePool, Operation, Partition
 from .spec import SpecError, normalize, pool_node_count, validate_spec
-from .spec.plan import quota
+from .spec.plan import cost, quota
 from .spec.validator import RESOURCE_ID
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ def create_cluster(*, project, name, spec, user=None, location=""):
     spec = validate_request(name, spec)
     if location and location != region_of(spec):
         raise SpecError({"node_pools[0].zone": [f"must be a zone of {location}, the location in the request path"]})
+    check_backend(project, spec)
     check_quota(project, spec)
     with transaction.atomic():
         if Cluster.objects.live().filter(project=project, name=name).exists():
@@ -82,6 +83,24 @@ def create_cluster(*, project, name, spec, user=None, location=""):
         )
         build_topology(cluster, spec)
         return start_operation(cluster, OperationKind.CREATE, user, f"Create requested by {user or 'system'}")
+
+
+def dry_run(*, project, name, spec, location=""):
+    """What a create would make, named as the backend will name it, and what it costs; creates nothing."""
+    spec = validate_request(name, spec)
+    if location and location != region_of(spec):
+        raise SpecError({"node_pools[0].zone": [f"must be a zone of {location}, the location in the request path"]})
+    check_backend(project, spec)
+    check_quota(project, spec)
+    lines, total = cost(spec)
+    backend = get_backend(backend_of(spec))
+    return {
+        "cluster_id": name,
+        "backend": backend.name,
+        "plan": [{"kind": k, "name": n, "detail": d} for k, n, d in backend.plan(project, name, spec)],
+        "estimated_cost_per_hour": round(total, 2),
+        "cost": [{"item": line.item, "quantity": line.quantity, "per_hour": line.per_hour} for line in lines],
+    }
 
 
 def create_draft(*, project, name, spec, user=None):
@@ -126,6 +145,7 @@ def save_draft(cluster, spec, name=None):
 def submit_draft(*, cluster, user=None):
     """Validate a draft and start provisioning it, as a create would."""
     spec = validate_request(cluster.name, cluster.spec)
+    check_backend(cluster.project, spec)
     check_quota(cluster.project, spec, exclude=cluster)
     with transaction.atomic():
         if not cluster.set_status(ClusterStatus.PROVISIONING, expected=[ClusterStatus.DRAFT]):
@@ -134,6 +154,12 @@ def submit_draft(*, cluster, user=None):
         cluster.save(update_fields=["spec", "backend", "location", "updated"])
         build_topology(cluster, spec)
         return start_operation(cluster, OperationKind.CREATE, user, f"Create requested by {user or 'system'}")
+
+
+def check_backend(project, spec):
+    problems = get_backend(backend_of(spec)).project_problems(project)
+    if problems:
+        raise SpecError({"console.backend": problems})
 
 
 def check_quota(project, spec, exclude=None):

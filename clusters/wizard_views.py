@@ -12,13 +12,13 @@ from console import safejson
 from console.htmx import htmx_partial
 
 from . import services, wizard
-from .backends import all_backends
+from .backends import all_backends, get_backend
 from .choices import ClusterStatus
 from .models import Cluster, Project
 from .spec import SpecError
 from .spec.catalog import REGIONS, ZONES, machine_type_names
 from .spec.console_block import MTUS, storage_tiers
-from .spec.plan import cost, plan, quota
+from .spec.plan import cost, quota
 from .spec.reference import architectures, build_spec
 from .spec.validator import BOOT_DISK_TYPES, PREEMPT_TYPES, PRIORITY_TYPES, PROVISIONING_MODELS
 from .views import cluster_for
@@ -261,7 +261,8 @@ def wizard_review(request, project, name):
     if not errors:
         lines, total = cost(cluster.spec)
         context.update(
-            plan=plan(cluster.spec),
+            backend=get_backend(cluster.backend),
+            plan=get_backend(cluster.backend).plan(cluster.project, cluster.name, cluster.spec),
             cost_lines=lines,
             cost_total=total,
             quota=quota(cluster.project, cluster.spec, exclude=cluster),

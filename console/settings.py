@@ -171,6 +171,7 @@ SPECTACULAR_SETTINGS = {
 # Cluster backends: the name in a spec's console.backend picks one of these.
 CLUSTER_BACKENDS = {
     "local": "clusters.backends.local.LocalBackend",
+    "gce": "clusters.backends.gce.GceBackend",
 }
 DEFAULT_CLUSTER_BACKEND = env("DEFAULT_CLUSTER_BACKEND", "local")
 
@@ -182,6 +183,21 @@ LOCAL_PORT_RANGE = (envint("LOCAL_PORT_MIN", 20000), envint("LOCAL_PORT_MAX", 40
 LOCAL_NODE_IDLE_TIMEOUT = envfloat("LOCAL_NODE_IDLE_TIMEOUT", 60)
 # Seconds to pause before each slurmd start; only tests set it, to stop a worker mid-provisioning.
 LOCAL_NODE_START_DELAY = envfloat("LOCAL_NODE_START_DELAY", 0)
+
+# gce backend. GCE_API_ENDPOINT points every Google client at another host (the tests' fake API);
+# empty means Google's. Credentials: GCE_CREDENTIALS_DIR/<project slug>.json (a service-account key
+# per console project) when it exists, else Application Default Credentials. Keys are never logged.
+GCE_API_ENDPOINT = env("GCE_API_ENDPOINT")
+GCE_FILESTORE_ENDPOINT = env("GCE_FILESTORE_ENDPOINT")
+GCE_LUSTRE_ENDPOINT = env("GCE_LUSTRE_ENDPOINT")
+GCE_SERVICE_NETWORKING_ENDPOINT = env("GCE_SERVICE_NETWORKING_ENDPOINT")
+# Anonymous credentials, for a fake API only (the tests'); never against Google.
+GCE_ANONYMOUS = envbool("GCE_ANONYMOUS")
+GCE_CREDENTIALS_DIR = env("GCE_CREDENTIALS_DIR")
+GCE_OPERATION_TIMEOUT = envfloat("GCE_OPERATION_TIMEOUT", 1800)
+GCE_POLL_INTERVAL = envfloat("GCE_POLL_INTERVAL", 2)
+GCE_IMAGE = env("GCE_IMAGE", "projects/debian-cloud/global/images/family/debian-12")
+GCE_CONTROLLER_MACHINE_TYPE = env("GCE_CONTROLLER_MACHINE_TYPE", "n2-standard-8")
 
 # An operation whose worker has not reported for this long is taken to be orphaned and re-enqueued.
 OPERATION_STALE_AFTER = envint("OPERATION_STALE_AFTER", 300)

@@ -64,7 +64,8 @@ def test_it_takes_alice_from_a_reference_architecture_to_review(alice_web):
     cluster = Cluster.objects.get(name="ref")
     assert cluster.status == ClusterStatus.DRAFT
     review = alice_web.get(response["Location"]).content.decode()
-    assert "4 x a3-megagpu-8g, ON_DEMAND" in review
+    assert "<code>a3mega-3</code>" in review  # the local backend's plan: one slurmd per node
+    assert "a3-megagpu-8g scaled to this machine" in review
     assert "32" in review  # GPUs this cluster asks for, in the quota table
     assert "Create cluster" in review
 

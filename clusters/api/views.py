@@ -69,11 +69,26 @@ class ClusterList(APIView):
         clusters = Cluster.objects.live().filter(project=project_for(request, project)).select_related("project")
         return Response(ClusterSerializer(clusters.prefetch_related("node_pools"), many=True).data)
 
-    @extend_schema(request=ClusterCreateSerializer, responses={202: OperationSerializer})
+    @extend_schema(
+        request=ClusterCreateSerializer,
+        responses={202: OperationSerializer},
+        description="Create a cluster. With ?dry_run=true, answer 200 with the plan and cost and create nothing.",
+    )
     def post(self, request, project):
         project = project_for(request, project)
         body = ClusterCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        if request.query_params.get("dry_run") in ("1", "true", "True"):
+            try:
+                return Response(
+                    services.dry_run(
+                        project=project, name=body.validated_data["cluster_id"], spec=body.validated_data["spec"]
+                    )
+                )
+            except SpecError as exc:
+                return spec_error_response(exc)
+            except services.ConsoleError as exc:
+                return console_error_response(exc)
         try:
             operation = services.create_cluster(
                 project=project,

@@ -91,6 +91,14 @@ class Backend:
         """Yield (field path, message) for what this backend cannot build from a valid spec."""
         return []
 
+    def project_problems(self, project):
+        """Why this backend cannot build clusters for `project` yet (missing settings); empty when it can."""
+        return []
+
+    def plan(self, project, cluster_name, spec):
+        """(kind, name, detail) for every resource a create would make, named as it will be: the dry run."""
+        raise NotImplementedError
+
     def apply_steps(self, cluster):
         """Steps that bring the real cluster to its wanted nodes: create, grow or shrink."""
         raise NotImplementedError

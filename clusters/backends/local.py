@@ -127,6 +127,25 @@ class LocalBackend(Backend):
             note += f"; no GPUs here (spec: {pool.accelerator_count} x {pool.accelerator_type})"
         return NodeShape(cpus=cpus, memory_mb=memory, gpus=0, note=note)
 
+    def plan(self, project, cluster_name, spec):
+        login = spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
+        items = [
+            ("Cluster directory", f"{settings.LOCAL_CLUSTERS_DIR}/c<id>", "slurm.conf, state, spool, logs, /home"),
+            ("munged", "munge/munge.socket", "its own key (secrets/munge.key, 0400)"),
+            ("slurmctld", "slurmctld", "its own port from LOCAL_PORT_RANGE"),
+        ]
+        for pool in spec["node_pools"]:
+            if pool["id"] == login:
+                items.append(("Login node", "this machine", "SLURM_CONF=<cluster directory>/slurm.conf"))
+                continue
+            for i in range(pool_node_count(pool)):
+                items.append(
+                    ("slurmd", f"{pool['id']}-{i}", f"{pool['machine_spec']['machine_type']} scaled to this machine")
+                )
+        for partition in spec["orchestrator_spec"]["slurm_spec"]["partitions"]:
+            items.append(("Slurm partition", partition["id"], ", ".join(partition["node_pool_ids"])))
+        return items
+
     def apply_steps(self, cluster):
         paths = self.paths(cluster)
         wanted = list(cluster.compute_nodes().select_related("node_pool"))

@@ -1,4 +1,4 @@
-"""What a spec will create, what it costs per hour (from clusters/data/prices.json) and the project quota check."""
+"""What a spec costs per hour (from clusters/data/prices.json) and the project quota check."""
 
 import json
 from dataclasses import dataclass
@@ -9,13 +9,6 @@ from .catalog import machine_type_info
 from .validator import pool_node_count
 
 PRICES = Path(__file__).resolve().parent.parent / "data" / "prices.json"
-
-
-@dataclass
-class PlannedResource:
-    kind: str
-    name: str
-    detail: str
 
 
 @dataclass
@@ -44,66 +37,6 @@ def prices():
 
 def login_pool_id(spec):
     return spec.get("orchestrator_spec", {}).get("slurm_spec", {}).get("login_node_pool_id")
-
-
-def plan(spec):
-    """Resources a cloud backend would create for this spec, in dependency order."""
-    console = spec.get("console") or {}
-    network = console.get("network") or {}
-    storage = console.get("storage") or {}
-    name = spec.get("display_name", "cluster")
-    items = []
-    if network.get("create"):
-        items.append(
-            PlannedResource(
-                "VPC network",
-                spec.get("network", {}).get("network") or f"{name}-net",
-                f"MTU {network.get('mtu', 1460)}",
-            )
-        )
-        items.append(PlannedResource("Subnetwork", f"{name}-subnet", network.get("subnet_range", "")))
-        items.append(
-            PlannedResource(
-                "Firewall rules", f"{name}-internal, {name}-ssh-login", "internal traffic; SSH to the login node only"
-            )
-        )
-        if network.get("private_services_range"):
-            items.append(PlannedResource("Private services access", f"{name}-psa", network["private_services_range"]))
-    else:
-        items.append(PlannedResource("Existing VPC network", spec.get("network", {}).get("network", "—"), "used as is"))
-    home = storage.get("filestore_home")
-    if home:
-        items.append(
-            PlannedResource(
-                "Filestore (/home)", f"{name}-home", f"{home.get('tier')}, {home.get('capacity_gb', 0):,} GB"
-            )
-        )
-    lustre = storage.get("lustre")
-    if lustre:
-        items.append(
-            PlannedResource(
-                "Managed Lustre",
-                f"{name}-lustre",
-                f"{lustre.get('capacity_gb', 0):,} GiB at {lustre.get('performance_tier')} MB/s per TiB"
-                f" on {lustre.get('mount_point', '/lustre')}",
-            )
-        )
-    for bucket in storage.get("gcs_buckets", []):
-        items.append(PlannedResource("GCS FUSE mount", bucket.get("bucket", ""), bucket.get("mount_point", "")))
-    login = login_pool_id(spec)
-    for pool in spec.get("node_pools", []):
-        machine = pool.get("machine_spec", {}).get("machine_type", "?")
-        count = pool_node_count(pool)
-        kind = "Login node" if pool.get("id") == login else "Worker nodes"
-        model = pool.get("provisioning_model", "ON_DEMAND")
-        items.append(
-            PlannedResource(kind, f"{name}-{pool.get('id')}-[0-{max(count - 1, 0)}]", f"{count} x {machine}, {model}")
-        )
-    for partition in spec.get("orchestrator_spec", {}).get("slurm_spec", {}).get("partitions", []):
-        items.append(
-            PlannedResource("Slurm partition", partition.get("id", ""), ", ".join(partition.get("node_pool_ids", [])))
-        )
-    return items
 
 
 def machine_price(machine, model):

@@ -1,0 +1,354 @@
+"""A fake Google Cloud API server: the REST shapes google-cloud-compute, -filestore and -lustre use.
+
+It keeps resources in memory and answers on 127.0.0.1 only:
+
+- Compute (`/compute/v1/projects/P/{global|regions/R|zones/Z}/COLLECTION[/NAME]`): insert, get, list
+  (with a `labels.KEY = "VALUE"` filter), delete, `instances/bulkInsert`, and zone, region and
+  global operations (get and wait). Operations finish at once.
+- Filestore (`/file/v1/...`) and Managed Lustre (`/lustre/v1/...`, each client given that prefix in
+  its endpoint): create, get, delete of `projects/P/locations/L/instances` with google.longrunning
+  operations.
+- Service Networking (`/v1/services/servicenetworking.googleapis.com/connections`): create and list.
+
+Errors are injected with `inject()`: an HTTP error, or an operation that ends with an error, for the
+next N requests matching a method and a path pattern. Every request is counted in `calls`.
+"""
+
+import json
+import re
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+COMPUTE = re.compile(
+    r"^/compute/v1/projects/(?P<project>[^/]+)/(?P<scope>global|regions/[^/]+|zones/[^/]+)/(?P<rest>.+)$"
+)
+LOCATIONS = re.compile(
+    r"^/(?P<service>file|lustre)/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/(?P<rest>.+)$"
+)
+INSTANCE_TYPES = {"file": "google.cloud.filestore.v1.Instance", "lustre": "google.cloud.lustre.v1.Instance"}
+FILTER = re.compile(r'labels\.(?P<key>[\w-]+)\s*=\s*"?(?P<value>[^"\s)]+)"?')
+
+
+class Injection:
+    def __init__(self, method, pattern, times, http_status=None, code="", message=""):
+        self.method, self.pattern, self.times = method, re.compile(pattern), times
+        self.http_status, self.code, self.message = http_status, code, message
+
+
+class FakeGoogleCloud:
+    def __init__(self):
+        self.resources = {}  # path without query -> resource JSON
+        self.operations = {}
+        self.calls = Counter()
+        self.injections = []
+        self.lock = threading.Lock()
+        self.counter = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self):
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def inject(self, method, pattern, *, times=1, http_status=None, code="", message=""):
+        """Fail the next `times` requests: with `http_status` as an HTTP error, else as a failed operation."""
+        self.injections.append(Injection(method, pattern, times, http_status, code, message))
+
+    def reset_calls(self):
+        self.calls.clear()
+
+    def instances(self):
+        return {p: r for p, r in self.resources.items() if p.startswith("/compute/") and "/instances/" in p}
+
+    def configure(self, settings):
+        """Point a Django settings object's gce endpoints at this fake."""
+        settings.GCE_API_ENDPOINT = self.endpoint
+        settings.GCE_FILESTORE_ENDPOINT = f"{self.endpoint}/file"
+        settings.GCE_LUSTRE_ENDPOINT = f"{self.endpoint}/lustre"
+        settings.GCE_SERVICE_NETWORKING_ENDPOINT = self.endpoint
+        settings.GCE_ANONYMOUS = True
+        settings.GCE_POLL_INTERVAL = 0.01
+
+    # -- request handling ----------------------------------------------------------------------
+
+    def _handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _body(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(length) or b"{}") if length else {}
+
+            def _answer(self, status, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _dispatch(self, method):
+                url = urlparse(self.path)
+                body = self._body() if method in ("POST", "PATCH", "PUT") else {}
+                with fake.lock:
+                    status, payload = fake.handle(method, url.path, parse_qs(url.query), body)
+                self._answer(status, payload)
+
+            def do_GET(self):
+                self._dispatch("GET")
+
+            def do_POST(self):
+                self._dispatch("POST")
+
+            def do_DELETE(self):
+                self._dispatch("DELETE")
+
+            def do_PATCH(self):
+                self._dispatch("PATCH")
+
+        return Handler
+
+    def _injected(self, method, path):
+        for injection in self.injections:
+            if injection.times > 0 and injection.method == method and injection.pattern.search(path):
+                injection.times -= 1
+                return injection
+        return None
+
+    def handle(self, method, path, query, body):
+        kind = self._kind(method, path)
+        self.calls[kind] += 1
+        injection = self._injected(method, path)
+        if injection and injection.http_status:
+            return injection.http_status, http_error(injection.http_status, injection.message, injection.code)
+        if path.startswith("/compute/v1/"):
+            return self._compute(method, path, query, body, injection)
+        if path.startswith("/v1/services/servicenetworking.googleapis.com/connections"):
+            return self._connections(method, path, query, body)
+        match = LOCATIONS.match(path)
+        if match:
+            return self._locations(method, path, match, query, body)
+        return 404, http_error(404, f"unknown path {path}")
+
+    def _kind(self, method, path):
+        """A request's kind for the call counts, e.g. 'POST bulkInsert' or 'GET file:instances'."""
+        parts = [p for p in path.split("/") if p]
+        nouns = [p for p in parts if p in NOUNS]
+        noun = nouns[-1] if nouns else (parts[-1] if parts else "")
+        if parts and parts[0] in ("file", "lustre"):
+            noun = f"{parts[0]}:{noun}"
+        return f"{method} {noun}"
+
+    def _operation(self, scope_url, target, op_type, error=None, status_code=None):
+        self.counter += 1
+        name = f"operation-{self.counter}"
+        op = {
+            "kind": "compute#operation",
+            "id": str(self.counter),
+            "name": name,
+            "operationType": op_type,
+            "status": "DONE",
+            "progress": 100,
+            "targetLink": target,
+            "selfLink": f"{scope_url}/operations/{name}",
+        }
+        if "/zones/" in scope_url:
+            op["zone"] = scope_url
+        elif "/regions/" in scope_url:
+            op["region"] = scope_url
+        if error:
+            op["error"] = {"errors": [error]}
+            op["httpErrorStatusCode"] = status_code or 400
+        self.operations[f"{scope_url}/operations/{name}"] = op
+        return op
+
+    def _compute(self, method, path, query, body, injection):
+        match = COMPUTE.match(path)
+        if not match:
+            return 404, http_error(404, "not found")
+        scope_path = f"/compute/v1/projects/{match['project']}/{match['scope']}"
+        scope_url = self.endpoint + scope_path
+        rest = match["rest"].split("/")
+        if rest[0] == "operations":
+            op = self.operations.get(f"{scope_url}/operations/{rest[1]}")
+            return (200, op) if op else (404, http_error(404, f"operation {rest[1]} not found"))
+        collection = rest[0]
+        collection_path = f"{scope_path}/{collection}"
+        error = {"code": injection.code, "message": injection.message} if injection else None
+        if collection == "instances" and len(rest) == 2 and rest[1] == "bulkInsert" and method == "POST":
+            return self._bulk_insert(scope_path, scope_url, body, error)
+        if len(rest) == 1 and method == "POST":
+            name = body.get("name", "")
+            key = f"{collection_path}/{name}"
+            if key in self.resources:
+                return 409, http_error(409, f"The resource '{key}' already exists", "alreadyExists")
+            if error:
+                return 200, self._operation(scope_url, self.endpoint + key, "insert", error)
+            self.resources[key] = {
+                **body,
+                "selfLink": self.endpoint + key,
+                "status": "RUNNING",
+                "kind": f"compute#{collection}",
+            }
+            return 200, self._operation(scope_url, self.endpoint + key, "insert")
+        if len(rest) == 1 and method == "GET":
+            items = [r for k, r in self.resources.items() if k.rsplit("/", 1)[0] == collection_path]
+            items = filter_items(items, query.get("filter", [""])[0])
+            return 200, page(items, query)
+        key = f"{collection_path}/{rest[1]}"
+        if method == "GET":
+            return (
+                (200, self.resources[key])
+                if key in self.resources
+                else (404, http_error(404, f"The resource '{key}' was not found", "notFound"))
+            )
+        if method == "DELETE":
+            if key not in self.resources:
+                return 404, http_error(404, f"The resource '{key}' was not found", "notFound")
+            del self.resources[key]
+            return 200, self._operation(scope_url, self.endpoint + key, "delete")
+        return 405, http_error(405, "method not allowed")
+
+    def _bulk_insert(self, scope_path, scope_url, body, error):
+        names = list((body.get("perInstanceProperties") or {}).keys())
+        template = body.get("sourceInstanceTemplate", "")
+        properties = body.get("instanceProperties") or {}
+        if template:
+            template_key = "/compute/v1/" + template.split("/compute/v1/", 1)[-1].lstrip("/")
+            properties = (self.resources.get(template_key) or {}).get("properties", properties)
+        created = 0
+        limit = None
+        if error and error.get("code") == "PARTIAL":
+            limit = int(error["message"])  # create only this many, then fail the rest as exhausted
+            error = {
+                "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                "message": "The zone does not have enough resources available to fulfill the request.",
+            }
+        elif error:
+            return 200, self._operation(scope_url, scope_url + "/instances", "bulkInsert", error)
+        for name in names:
+            if limit is not None and created >= limit:
+                break
+            key = f"{scope_path}/instances/{name}"
+            if key in self.resources:
+                continue
+            self.resources[key] = {
+                "name": name,
+                "machineType": properties.get("machineType", ""),
+                "labels": properties.get("labels", {}),
+                "status": "RUNNING",
+                "selfLink": self.endpoint + key,
+                "kind": "compute#instance",
+            }
+            created += 1
+        return 200, self._operation(
+            scope_url, scope_url + "/instances", "bulkInsert", error if limit is not None else None
+        )
+
+    def _locations(self, method, path, match, query, body):
+        rest = match["rest"].split("/")
+        service = match["service"]
+        base = f"projects/{match['project']}/locations/{match['location']}"
+        key = f"{service}:{base}"
+        if rest[0] == "operations":
+            op = self.operations.get(f"{base}/operations/{rest[1]}")
+            return (200, op) if op else (404, http_error(404, "operation not found"))
+        if rest[0] != "instances":
+            return 404, http_error(404, "not found")
+        if len(rest) == 1 and method == "POST":
+            name = f"{base}/instances/{query['instanceId'][0]}"
+            if f"{service}:{name}" in self.resources:
+                return 409, http_error(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
+            resource = {**body, "name": name, "state": "READY"}
+            self.resources[f"{service}:{name}"] = resource
+            return 200, self._lro(base, {"@type": f"type.googleapis.com/{INSTANCE_TYPES[service]}", **resource})
+        if len(rest) == 1 and method == "GET":
+            return 200, {"instances": [r for k, r in self.resources.items() if k.startswith(f"{key}/instances/")]}
+        name = f"{service}:{base}/instances/{rest[1]}"
+        if method == "GET":
+            found = self.resources.get(name)
+            return (200, found) if found else (404, http_error(404, f"{name} not found", "NOT_FOUND"))
+        if method == "DELETE":
+            if name not in self.resources:
+                return 404, http_error(404, f"{name} not found", "NOT_FOUND")
+            del self.resources[name]
+            return 200, self._lro(base)
+        return 405, http_error(405, "method not allowed")
+
+    def _lro(self, base, response=None):
+        """A finished google.longrunning operation holding the resource (or Empty, for a delete)."""
+        self.counter += 1
+        name = f"{base}/operations/op-{self.counter}"
+        op = {
+            "name": name,
+            "done": True,
+            "response": response or {"@type": "type.googleapis.com/google.protobuf.Empty"},
+        }
+        self.operations[name] = op
+        return op
+
+    def _connections(self, method, path, query, body):
+        if path.endswith(":deleteConnection"):
+            self.resources.pop("servicenetworking/" + body.get("consumerNetwork", ""), None)
+            return 200, {"name": f"operations/pssn.{self.counter}", "done": True}
+        key = "servicenetworking/" + body.get("network", query.get("network", [""])[0])
+        if method == "POST":
+            self.resources[key] = {**body, "service": "services/servicenetworking.googleapis.com"}
+            return 200, {"name": f"operations/pssn.{self.counter}", "done": True}
+        network = query.get("network", [""])[0]
+        found = [r for k, r in self.resources.items() if k == f"servicenetworking/{network}"]
+        return 200, {"connections": found}
+
+
+NOUNS = {
+    "networks",
+    "subnetworks",
+    "firewalls",
+    "instanceTemplates",
+    "resourcePolicies",
+    "instances",
+    "bulkInsert",
+    "addresses",
+    "wait",
+    "connections",
+    "operations",
+}
+
+
+def http_error(status, message, reason=""):
+    return {
+        "error": {
+            "code": status,
+            "message": message,
+            "errors": [{"message": message, "domain": "global", "reason": reason or "error"}],
+        }
+    }
+
+
+def filter_items(items, expression):
+    for match in FILTER.finditer(expression or ""):
+        items = [i for i in items if (i.get("labels") or {}).get(match["key"]) == match["value"]]
+    return items
+
+
+def page(items, query):
+    size = int(query.get("maxResults", ["500"])[0])
+    start = int(query.get("pageToken", ["0"])[0] or 0)
+    body = {"items": items[start : start + size]}
+    if start + size < len(items):
+        body["nextPageToken"] = str(start + size)
+    return body

@@ -1,0 +1,220 @@
+"""The gce backend against the fake Compute API: bulkInsert per pool, resumable runs, mapped errors,
+ownership on delete, and the dry-run plan."""
+
+import pytest
+
+from clusters import services
+from clusters.backends import PermanentBackendError, TransientBackendError, get_backend
+from clusters.backends.gce import names
+from clusters.choices import ClusterStatus, OperationStatus
+from clusters.models import Cluster, Operation
+from clusters.spec import SpecError
+from clusters.spec.reference import build_spec
+
+from .conftest import example_spec
+from .fake_compute import FakeGoogleCloud
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fake(settings, alpha):
+    cloud = FakeGoogleCloud().start()
+    cloud.configure(settings)
+    alpha.gcp_project_id = "tcc-test"
+    alpha.save()
+    yield cloud
+    cloud.stop()
+
+
+def gce_spec(nodes=4, pools=1):
+    spec = build_spec("a3-ultra", display_name="ultra", zone="us-central1-b", nodes=nodes, backend="gce")
+    main = spec["node_pools"][1]
+    for i in range(1, pools):
+        extra = {**main, "id": f"{main['id']}{i}"}
+        spec["node_pools"].append(extra)
+        spec["orchestrator_spec"]["slurm_spec"]["partitions"].append(
+            {"id": extra["id"], "node_pool_ids": [extra["id"]]}
+        )
+    return spec
+
+
+def create(alpha, alice, spec, name="ultra"):
+    return services.create_cluster(project=alpha, name=name, spec=spec, user=alice)
+
+
+def test_it_creates_workers_with_one_bulk_insert_per_pool(fake, alpha, alice):
+    operation = create(alpha, alice, gce_spec(nodes=64, pools=2))
+    services.run_operation(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    assert fake.calls["POST bulkInsert"] == 2
+    assert len(fake.instances()) == 128 + 2  # workers, controller, one login node
+    prefix = names("alpha", "ultra").prefix
+    worker = fake.resources[f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-a3ultra-63"]
+    assert worker["labels"]["tcc-cluster"] == prefix
+    template = fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-a3ultra"]
+    properties = template["properties"]
+    assert properties["networkInterfaces"][0]["nicType"] == "GVNIC"
+    assert properties["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    assert properties["resourcePolicies"] == [f"{prefix}-place-a3ultra"]
+    network = fake.resources[f"/compute/v1/projects/tcc-test/global/networks/{prefix}-net"]
+    assert network["mtu"] == 8896
+
+
+def test_a_rerun_after_a_crash_creates_only_what_is_missing(fake, alpha, alice):
+    operation = create(alpha, alice, gce_spec(nodes=4))
+    steps = get_backend("gce").apply_steps(operation.cluster)
+    for step in steps[:5]:  # the worker dies after the storage steps
+        step.run()
+    fake.reset_calls()
+    services.run_operation(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    assert fake.calls["POST networks"] == fake.calls["POST subnetworks"] == fake.calls["POST firewalls"] == 0
+    assert fake.calls["POST file:instances"] == 0
+    assert fake.calls["POST bulkInsert"] == 1
+    assert len(fake.instances()) == 4 + 2
+
+
+def test_a_partial_bulk_insert_is_topped_up_not_repeated(fake, alpha, alice):
+    operation = create(alpha, alice, gce_spec(nodes=4))
+    fake.inject("POST", r"/instances/bulkInsert$", code="PARTIAL", message="2")
+    with pytest.raises(TransientBackendError, match="2 of 4 a3ultra nodes created"):
+        services.run_operation(operation.pk)
+    assert Operation.objects.get(pk=operation.pk).status == OperationStatus.PENDING
+    services.run_operation(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    assert fake.calls["POST bulkInsert"] == 2
+    workers = [k for k in fake.instances() if "-a3ultra-" in k]
+    assert len(workers) == 4
+
+
+def run_task(operation, settings, retries=0):
+    from clusters.tasks import run_operation_task
+
+    settings.OPERATION_MAX_RETRIES = retries
+    run_operation_task.apply(args=[operation.pk])
+    operation.refresh_from_db()
+    return operation
+
+
+def test_it_retries_no_capacity_then_fails_with_the_reason(fake, alpha, alice, settings):
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    fake.inject(
+        "POST",
+        r"/instances/bulkInsert$",
+        times=5,
+        code="ZONE_RESOURCE_POOL_EXHAUSTED",
+        message="The zone 'us-central1-b' does not have enough resources available to fulfill the request.",
+    )
+    operation = run_task(operation, settings)
+    assert operation.status == OperationStatus.FAILED
+    assert "no capacity in the zone or reservation right now (ZONE_RESOURCE_POOL_EXHAUSTED)" in operation.error
+    assert "gave up after 1 attempts" in operation.error
+    cluster = Cluster.objects.get()
+    assert cluster.status == ClusterStatus.FAILED
+    assert cluster.events.filter(level="ERROR", message__contains="ZONE_RESOURCE_POOL_EXHAUSTED").exists()
+
+
+def test_it_names_the_quota_that_ran_out(fake, alpha, alice, settings):
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    fake.inject(
+        "POST",
+        r"/instances/bulkInsert$",
+        code="QUOTA_EXCEEDED",
+        message="Quota 'NVIDIA_H200_GPUS' exceeded.  Limit: 8.0 in region us-central1.",
+    )
+    operation = run_task(operation, settings, retries=3)
+    assert operation.status == OperationStatus.FAILED
+    assert operation.error == (
+        "bulkInsert of 2 a3ultra nodes: quota NVIDIA_H200_GPUS exceeded in region us-central1: "
+        "the limit is 8; ask for more quota or fewer nodes"
+    )
+
+
+def test_it_names_the_missing_permission(fake, alpha, alice, settings):
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    fake.inject(
+        "POST",
+        r"/global/networks$",
+        http_status=403,
+        message="Required 'compute.networks.create' permission for 'projects/tcc-test/global/networks/x'",
+    )
+    operation = run_task(operation, settings, retries=3)
+    assert operation.status == OperationStatus.FAILED
+    assert "permission denied: the credentials lack compute.networks.create on projects/tcc-test" in operation.error
+
+
+def test_it_reports_a_machine_type_the_zone_does_not_have(fake, alpha, alice, settings):
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    fake.inject(
+        "POST",
+        r"/instanceTemplates$",
+        http_status=400,
+        message="Invalid value for field 'resource.properties.machineType': 'a3-ultragpu-8g'. "
+        "Machine type with name 'a3-ultragpu-8g' does not exist in zone 'us-central1-b'.",
+    )
+    operation = run_task(operation, settings, retries=3)
+    assert operation.status == OperationStatus.FAILED
+    assert "invalid machine type for this zone" in operation.error
+
+
+def test_delete_leaves_what_it_did_not_create(fake, alpha, alice):
+    foreign = "/compute/v1/projects/tcc-test/zones/us-central1-b/instances/someone-elses-vm"
+    fake.resources[foreign] = {"name": "someone-elses-vm", "labels": {"team": "infra"}, "status": "RUNNING"}
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    services.run_operation(operation.pk)
+    services.run_operation(services.delete_cluster(cluster=Cluster.objects.get(), user=alice).pk)
+    assert Cluster.objects.get().status == ClusterStatus.DELETED
+    assert list(fake.resources) == [foreign]
+
+
+def test_it_refuses_a_resource_with_its_name_that_it_did_not_create(fake, alpha, alice):
+    prefix = names("alpha", "ultra").prefix
+    fake.resources[f"/compute/v1/projects/tcc-test/global/networks/{prefix}-net"] = {"name": f"{prefix}-net"}
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    services.run_operation(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.FAILED
+    assert "already exists and was not created by this cluster" in operation.error
+
+
+def test_it_needs_the_projects_google_cloud_project(fake, alpha, alice):
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    alpha.gcp_project_id = ""
+    alpha.save()
+    with pytest.raises(PermanentBackendError, match="has no Google Cloud project id"):
+        get_backend("gce").apply_steps(Cluster.objects.get(pk=operation.cluster_id))
+    with pytest.raises(SpecError) as info:
+        create(alpha, alice, gce_spec(nodes=2), name="other")
+    assert "has no Google Cloud project id" in info.value.errors["console.backend"][0]
+
+
+def test_a_dry_run_lists_the_resources_with_their_names_and_creates_nothing(fake, alice_api):
+    response = alice_api.post(
+        "/api/v1/projects/alpha/clusters/?dry_run=true",
+        {"cluster_id": "ultra", "spec": gce_spec(nodes=3)},
+        format="json",
+    )
+    assert response.status_code == 200
+    body = response.json()
+    prefix = names("alpha", "ultra").prefix
+    plan = {(item["kind"], item["name"]) for item in body["plan"]}
+    assert ("VPC network", f"{prefix}-net") in plan
+    assert ("Managed Lustre", f"{prefix}-lustre") in plan
+    assert ("bulkInsert", f"{prefix}-a3ultra-0 .. {prefix}-a3ultra-2") in plan
+    assert body["estimated_cost_per_hour"] > 0
+    assert not Cluster.objects.exists()
+    assert sum(fake.calls.values()) == 0
+
+
+def test_a_dry_run_reports_a_bad_spec_like_a_create(alice_api):
+    spec = example_spec()
+    spec["display_name"] = "NO"
+    response = alice_api.post(
+        "/api/v1/projects/alpha/clusters/?dry_run=true", {"cluster_id": "x", "spec": spec}, format="json"
+    )
+    assert response.status_code == 400
+    assert "display_name" in response.json()["spec"]
