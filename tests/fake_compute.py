@@ -8,7 +8,9 @@ It keeps resources in memory and answers on 127.0.0.1 only:
 - Filestore (`/file/v1/...`) and Managed Lustre (`/lustre/v1/...`, each client given that prefix in
   its endpoint): create, get, delete of `projects/P/locations/L/instances` with google.longrunning
   operations.
-- Service Networking (`/v1/services/servicenetworking.googleapis.com/connections`): create and list.
+- Service Networking (`/v1/services/servicenetworking.googleapis.com/connections`): create, list, delete.
+- Secret Manager (`/sm/v1/projects/P/secrets`): create, get, delete, addVersion, list versions, access.
+- `instances/NAME/setMetadata`, with the fingerprint check Compute makes.
 
 Errors are injected with `inject()`: an HTTP error, or an operation that ends with an error, for the
 next N requests matching a method and a path pattern. Every request is counted in `calls`.
@@ -27,6 +29,9 @@ COMPUTE = re.compile(
 LOCATIONS = re.compile(
     r"^/(?P<service>file|lustre)/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/(?P<rest>.+)$"
 )
+SECRETS = re.compile(
+    r"^/sm/v1/projects/(?P<project>[^/]+)/secrets(?:/(?P<secret>[^/:]+))?(?:/versions(?:/(?P<version>[^/:]+))?)?(?::(?P<verb>\w+))?$"
+)
 INSTANCE_TYPES = {"file": "google.cloud.filestore.v1.Instance", "lustre": "google.cloud.lustre.v1.Instance"}
 FILTER = re.compile(r'labels\.(?P<key>[\w-]+)\s*=\s*"?(?P<value>[^"\s)]+)"?')
 
@@ -41,6 +46,7 @@ class FakeGoogleCloud:
     def __init__(self):
         self.resources = {}  # path without query -> resource JSON
         self.operations = {}
+        self.secret_versions = {}  # secret name -> [payload, ...]
         self.calls = Counter()
         self.injections = []
         self.lock = threading.Lock()
@@ -77,6 +83,7 @@ class FakeGoogleCloud:
         settings.GCE_FILESTORE_ENDPOINT = f"{self.endpoint}/file"
         settings.GCE_LUSTRE_ENDPOINT = f"{self.endpoint}/lustre"
         settings.GCE_SERVICE_NETWORKING_ENDPOINT = self.endpoint
+        settings.GCE_SECRET_MANAGER_ENDPOINT = f"{self.endpoint}/sm"
         settings.GCE_ANONYMOUS = True
         settings.GCE_POLL_INTERVAL = 0.01
 
@@ -137,6 +144,8 @@ class FakeGoogleCloud:
             return injection.http_status, http_error(injection.http_status, injection.message, injection.code)
         if path.startswith("/compute/v1/"):
             return self._compute(method, path, query, body, injection)
+        if path.startswith("/sm/v1/"):
+            return self._secrets(method, path, query, body)
         if path.startswith("/v1/services/servicenetworking.googleapis.com/connections"):
             return self._connections(method, path, query, body)
         match = LOCATIONS.match(path)
@@ -149,7 +158,7 @@ class FakeGoogleCloud:
         parts = [p for p in path.split("/") if p]
         nouns = [p for p in parts if p in NOUNS]
         noun = nouns[-1] if nouns else (parts[-1] if parts else "")
-        if parts and parts[0] in ("file", "lustre"):
+        if parts and parts[0] in ("file", "lustre", "sm"):
             noun = f"{parts[0]}:{noun}"
         return f"{method} {noun}"
 
@@ -191,6 +200,18 @@ class FakeGoogleCloud:
         error = {"code": injection.code, "message": injection.message} if injection else None
         if collection == "instances" and len(rest) == 2 and rest[1] == "bulkInsert" and method == "POST":
             return self._bulk_insert(scope_path, scope_url, body, error)
+        if collection == "instances" and len(rest) == 3 and rest[2] == "setMetadata" and method == "POST":
+            key = f"{collection_path}/{rest[1]}"
+            if key not in self.resources:
+                return 404, http_error(404, f"The resource '{key}' was not found", "notFound")
+            current = self.resources[key].get("metadata") or {}
+            if body.get("fingerprint") != current.get("fingerprint", ""):
+                return 412, http_error(
+                    412, "Supplied fingerprint does not match current metadata fingerprint.", "conditionNotMet"
+                )
+            self.counter += 1
+            self.resources[key]["metadata"] = {**body, "fingerprint": f"fp{self.counter}"}
+            return 200, self._operation(scope_url, self.endpoint + key, "setMetadata")
         if len(rest) == 1 and method == "POST":
             name = body.get("name", "")
             key = f"{collection_path}/{name}"
@@ -301,6 +322,41 @@ class FakeGoogleCloud:
         self.operations[name] = op
         return op
 
+    def _secrets(self, method, path, query, body):
+        match = SECRETS.match(path)
+        if not match:
+            return 404, http_error(404, "not found")
+        parent = f"projects/{match['project']}/secrets"
+        if not match["secret"]:
+            name = f"{parent}/{query['secretId'][0]}"
+            if f"sm:{name}" in self.resources:
+                return 409, http_error(409, f"Secret [{name}] already exists.", "ALREADY_EXISTS")
+            self.resources[f"sm:{name}"] = {**body, "name": name}
+            self.secret_versions[name] = []
+            return 200, self.resources[f"sm:{name}"]
+        name = f"{parent}/{match['secret']}"
+        if f"sm:{name}" not in self.resources:
+            return 404, http_error(404, f"Secret [{name}] not found.", "NOT_FOUND")
+        versions = self.secret_versions[name]
+        if match["verb"] == "addVersion":
+            versions.append(body.get("payload", {}))
+            return 200, {"name": f"{name}/versions/{len(versions)}", "state": "ENABLED"}
+        if match["verb"] == "access":
+            if not versions:
+                return 404, http_error(404, "no versions", "NOT_FOUND")
+            return 200, {"name": f"{name}/versions/{len(versions)}", "payload": versions[-1]}
+        if path.endswith("/versions") and method == "GET":
+            return 200, {
+                "versions": [{"name": f"{name}/versions/{i + 1}", "state": "ENABLED"} for i in range(len(versions))]
+            }
+        if method == "GET":
+            return 200, self.resources[f"sm:{name}"]
+        if method == "DELETE":
+            del self.resources[f"sm:{name}"]
+            del self.secret_versions[name]
+            return 200, {}
+        return 405, http_error(405, "method not allowed")
+
     def _connections(self, method, path, query, body):
         if path.endswith(":deleteConnection"):
             self.resources.pop("servicenetworking/" + body.get("consumerNetwork", ""), None)
@@ -326,6 +382,9 @@ NOUNS = {
     "wait",
     "connections",
     "operations",
+    "setMetadata",
+    "secrets",
+    "versions",
 }
 
 

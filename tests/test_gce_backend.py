@@ -218,3 +218,46 @@ def test_a_dry_run_reports_a_bad_spec_like_a_create(alice_api):
     )
     assert response.status_code == 400
     assert "display_name" in response.json()["spec"]
+
+
+def metadata(fake, instance):
+    prefix = names("alpha", "ultra").prefix
+    resource = fake.resources[f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-{instance}"]
+    return {item["key"]: item["value"] for item in resource["metadata"]["items"]}
+
+
+def test_the_controller_gets_slurm_conf_and_a_resize_updates_it(fake, alpha, alice):
+    spec = gce_spec(nodes=2)
+    spec["orchestrator_spec"]["slurm_spec"]["scheduling"] = {"priority_type": "priority/multifactor"}
+    operation = create(alpha, alice, spec)
+    services.run_operation(operation.pk)
+    prefix = names("alpha", "ultra").prefix
+    conf = metadata(fake, "ctl")["slurm-conf"]
+    assert f"SlurmctldHost={prefix}-ctl" in conf
+    assert f"NodeName=a3ultra-1 NodeHostname={prefix}-a3ultra-1 CPUs=224" in conf
+    assert "Gres=gpu:8" in conf
+    assert "PriorityType=priority/multifactor" in conf
+    assert "PartitionName=a3ultra Nodes=a3ultra-0,a3ultra-1 Default=YES" in conf
+    assert metadata(fake, "login-0")["slurm-conf"] == conf
+    assert "--conf-server" in metadata(fake, "ctl")["startup-script"]
+    spec["node_pools"][1]["scaling_spec"] = {"min_node_count": 3, "max_node_count": 3}
+    services.run_operation(services.update_cluster(cluster=Cluster.objects.get(), spec=spec).pk)
+    assert "NodeName=a3ultra-2" in metadata(fake, "ctl")["slurm-conf"]
+    assert fake.calls["POST setMetadata"] == 2  # controller and login node
+
+
+def test_the_munge_key_lives_only_in_secret_manager(fake, alpha, alice):
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    services.run_operation(operation.pk)
+    secret = f"projects/tcc-test/secrets/{names('alpha', 'ultra').prefix}-munge-key"
+    versions = fake.secret_versions[secret]
+    assert len(versions) == 1
+    key = versions[0]["data"]  # base64 in JSON, as the API carries it
+    assert len(key) > 1000
+    cluster = Cluster.objects.get()
+    stored = str(cluster.backend_state) + str(list(Operation.objects.values())) + str(list(cluster.events.values()))
+    assert key not in stored
+    assert all(key not in str(item) for item in fake.instances().values())
+    step = next(s for s in get_backend("gce").apply_steps(cluster) if s.name == "Create the munge key secret")
+    step.run()  # a rerun adds no second key
+    assert len(fake.secret_versions[secret]) == 1

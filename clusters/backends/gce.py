@@ -76,6 +76,10 @@ class Names:
     def controller(self):
         return f"{self.prefix}-ctl"
 
+    @property
+    def munge_secret(self):
+        return f"{self.prefix}-munge-key"
+
     def placement(self, pool_id):
         return f"{self.prefix}-place-{pool_id}"
 
@@ -216,11 +220,13 @@ class GceBackend(Backend):
             if is_gpu_pool(pool):
                 steps.append(Step(f"Create placement policy for {pool['id']}", lambda p=pool: ctx.create_placement(p)))
             steps.append(Step(f"Create instance template for {pool['id']}", lambda p=pool: ctx.create_template(p)))
+        steps.append(Step("Create the munge key secret", ctx.create_munge_secret))
         steps.append(Step("Create the controller and login nodes", ctx.create_head_nodes))
         for pool in ctx.compute_pools:
             steps.append(Step(f"Create {pool['id']} nodes (bulkInsert)", lambda p=pool: ctx.create_workers(p)))
         if cluster.nodes.filter(state=NodeState.DELETING).exists():
             steps.append(Step("Delete removed nodes", ctx.delete_removed_workers))
+        steps.append(Step("Update slurm.conf on the controller and login nodes", ctx.update_slurm_conf))
         steps.append(Step("Wait for every instance to run", ctx.wait_running))
         return steps
 
@@ -233,6 +239,7 @@ class GceBackend(Backend):
             Step("Delete firewall rules", ctx.delete_firewalls),
             Step("Delete private services access", ctx.delete_private_services_access),
             Step("Delete subnetwork and network", ctx.delete_network),
+            Step("Delete the munge key secret", ctx.delete_munge_secret),
         ]
 
     def node_statuses(self, cluster):
@@ -264,6 +271,7 @@ class Clients:
         self.endpoints = {
             "filestore": settings.GCE_FILESTORE_ENDPOINT,
             "lustre": settings.GCE_LUSTRE_ENDPOINT,
+            "secrets": settings.GCE_SECRET_MANAGER_ENDPOINT,
         }
 
     @cached_property
@@ -289,7 +297,7 @@ class Clients:
         return cls(credentials=self.credentials, transport="rest", client_options=options)
 
     def __getattr__(self, name):
-        from google.cloud import compute_v1, filestore_v1, lustre_v1
+        from google.cloud import compute_v1, filestore_v1, lustre_v1, secretmanager_v1
 
         classes = {
             "networks": compute_v1.NetworksClient,
@@ -304,6 +312,7 @@ class Clients:
             "global_operations": compute_v1.GlobalOperationsClient,
             "filestore": filestore_v1.CloudFilestoreManagerClient,
             "lustre": lustre_v1.LustreClient,
+            "secrets": secretmanager_v1.SecretManagerServiceClient,
         }
         if name not in classes:
             raise AttributeError(name)
@@ -749,7 +758,7 @@ class Context:
                 disks=properties.disks,
                 network_interfaces=properties.network_interfaces,
                 scheduling=properties.scheduling,
-                metadata=properties.metadata,
+                metadata=compute_v1.Metadata(items=[*properties.metadata.items, *self.slurm_items()]),
                 description=self.description,
             )
             self.ensure(
@@ -759,6 +768,97 @@ class Context:
                     project=self.project, zone=self.zone, instance_resource=i
                 ),
             )
+
+    # -- Slurm configuration and the munge key ------------------------------------------------
+
+    def slurm_items(self):
+        """Metadata the controller and login nodes read: slurm.conf and the spec's prolog and epilog."""
+        from google.cloud import compute_v1
+
+        slurm = self.spec["orchestrator_spec"]["slurm_spec"]
+        return [
+            compute_v1.Items(key="slurm-conf", value=render_slurm_conf(self)),
+            compute_v1.Items(key="slurm-prolog", value="\n\n".join(slurm.get("prolog_bash_scripts", []))),
+            compute_v1.Items(key="slurm-epilog", value="\n\n".join(slurm.get("epilog_bash_scripts", []))),
+        ]
+
+    def head_names(self):
+        login_id = self.login_pool["id"]
+        return [
+            self.n.controller,
+            *(self.n.instance(f"{login_id}-{i}") for i in range(pool_node_count(self.login_pool))),
+        ]
+
+    def update_slurm_conf(self):
+        """After a resize, give the controller and login nodes the new node list (their agent reconfigures)."""
+        from google.api_core import exceptions
+        from google.cloud import compute_v1
+
+        wanted = {item.key: item.value for item in self.slurm_items()}
+        for name in self.head_names():
+            instance = self.get(lambda n=name: self.c.instances.get(project=self.project, zone=self.zone, instance=n))
+            if instance is None:
+                continue
+            items = {item.key: item.value for item in instance.metadata.items}
+            if all(items.get(k) == v for k, v in wanted.items()):
+                continue
+            items.update(wanted)
+            metadata = compute_v1.Metadata(
+                fingerprint=instance.metadata.fingerprint,
+                items=[compute_v1.Items(key=k, value=v) for k, v in items.items()],
+            )
+            try:
+                operation = self.c.instances.set_metadata_unary(
+                    project=self.project, zone=self.zone, instance=name, metadata_resource=metadata
+                )
+            except exceptions.GoogleAPICallError as exc:
+                raise map_api_error(exc, f"updating slurm.conf on {name}") from None
+            self.wait(operation, f"updating slurm.conf on {name}")
+
+    @property
+    def secret_name(self):
+        return f"projects/{self.project}/secrets/{self.n.munge_secret}"
+
+    def create_munge_secret(self):
+        """A random munge key in Secret Manager, read by every node at boot; it never leaves Google."""
+        import secrets as random_source
+
+        from google.api_core import exceptions
+        from google.cloud import secretmanager_v1
+
+        secret = self.get(lambda: self.c.secrets.get_secret(name=self.secret_name))
+        if secret is None:
+            try:
+                secret = self.c.secrets.create_secret(
+                    parent=f"projects/{self.project}",
+                    secret_id=self.n.munge_secret,
+                    secret=secretmanager_v1.Secret(
+                        replication=secretmanager_v1.Replication(automatic=secretmanager_v1.Replication.Automatic()),
+                        labels=self.labels,
+                    ),
+                )
+            except exceptions.GoogleAPICallError as exc:
+                raise map_api_error(exc, "creating the munge key secret") from None
+        elif not self.owned(secret):
+            raise PermanentBackendError(
+                f"secret {self.n.munge_secret} already exists and was not created by this cluster"
+            )
+        versions = list(self.c.secrets.list_secret_versions(parent=self.secret_name))
+        if not versions:
+            self.c.secrets.add_secret_version(
+                parent=self.secret_name, payload=secretmanager_v1.SecretPayload(data=random_source.token_bytes(1024))
+            )
+
+    def delete_munge_secret(self):
+        from google.api_core import exceptions
+
+        secret = self.get(lambda: self.c.secrets.get_secret(name=self.secret_name))
+        if secret is None or not self.owned(secret):
+            return
+        try:
+            self.c.secrets.delete_secret(name=self.secret_name)
+        except exceptions.NotFound:
+            return
 
     def list_instances(self, pool_id=None):
         from google.api_core import exceptions
@@ -936,6 +1036,71 @@ class Context:
             lambda: self.c.networks.get(project=self.project, network=self.n.network),
             lambda: self.c.networks.delete_unary(project=self.project, network=self.n.network),
         )
+
+
+def render_slurm_conf(ctx):
+    """slurm.conf for the VMs: configless slurmd, one NodeName line per node, the spec's scheduling."""
+    slurm = ctx.spec["orchestrator_spec"]["slurm_spec"]
+    scheduling = slurm.get("scheduling") or {}
+    lines = [
+        "# Written by the console's gce backend; the controller's agent reloads it when it changes.",
+        f"ClusterName={ctx.n.prefix.replace('-', '')[:40]}",
+        f"SlurmctldHost={ctx.n.controller}",
+        "SlurmctldParameters=enable_configless",
+        "AuthType=auth/munge",
+        "ProctrackType=proctrack/cgroup",
+        "TaskPlugin=task/cgroup,task/affinity",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "GresTypes=gpu",
+        "ReturnToService=2",
+        "JobRequeue=1",
+        "StateSaveLocation=/var/spool/slurmctld",
+        "SlurmdSpoolDir=/var/spool/slurmd",
+    ]
+    if slurm.get("prolog_bash_scripts"):
+        lines.append("Prolog=/etc/slurm/prolog.sh")
+    if slurm.get("epilog_bash_scripts"):
+        lines.append("Epilog=/etc/slurm/epilog.sh")
+    enforce = (slurm.get("accounting") or {}).get("accounting_storage_enforce")
+    if enforce:
+        lines.append(f"AccountingStorageEnforce={enforce}")
+    keys = {
+        "priority_type": "PriorityType",
+        "preempt_type": "PreemptType",
+        "preempt_mode": "PreemptMode",
+        "preempt_exempt_time": "PreemptExemptTime",
+        "priority_weight_age": "PriorityWeightAge",
+        "priority_weight_assoc": "PriorityWeightAssoc",
+        "priority_weight_fairshare": "PriorityWeightFairshare",
+        "priority_weight_job_size": "PriorityWeightJobSize",
+        "priority_weight_partition": "PriorityWeightPartition",
+        "priority_weight_qos": "PriorityWeightQOS",
+        "priority_weight_tres": "PriorityWeightTRES",
+    }
+    lines += [f"{conf}={scheduling[key]}" for key, conf in keys.items() if key in scheduling]
+    lines.append("")
+    wanted = {}
+    for node in ctx.cluster.wanted_nodes().select_related("node_pool"):
+        if node.node_pool.role == NodeRole.COMPUTE:
+            wanted.setdefault(node.node_pool.pool_id, []).append(node.name)
+    for pool in ctx.compute_pools:
+        info = machine_type_info(pool["machine_spec"]["machine_type"])
+        gpus = int(pool["machine_spec"].get("accelerator_count") or 0)
+        for node in sorted(wanted.get(pool["id"], []), key=lambda n: int(n.rsplit("-", 1)[1])):
+            memory = int(info.memory_gb * 1024 * 0.9)  # leave the OS a tenth
+            line = f"NodeName={node} NodeHostname={ctx.n.instance(node)} CPUs={info.vcpus} RealMemory={memory}"
+            lines.append(line + (f" Gres=gpu:{gpus}" if gpus else "") + " State=UNKNOWN")
+    lines.append("")
+    for i, partition in enumerate(slurm["partitions"]):
+        nodes = [n for pool_id in partition["node_pool_ids"] for n in wanted.get(pool_id, [])]
+        if nodes:
+            gpu = any(is_gpu_pool(p) for p in ctx.compute_pools if p["id"] in partition["node_pool_ids"])
+            lines.append(
+                f"PartitionName={partition['id']} Nodes={','.join(nodes)} Default={'YES' if i == 0 else 'NO'} "
+                f"MaxTime=INFINITE State=UP{' OverSubscribe=EXCLUSIVE' if gpu else ''}"
+            )
+    return "\n".join(lines) + "\n"
 
 
 STARTUP = Path(__file__).resolve().parent / "gce_startup.sh"

@@ -17,13 +17,11 @@ if ! command -v slurmd >/dev/null; then
   apt-get install -y -qq munge slurm-client slurmd slurmctld nfs-common >/dev/null
 fi
 
-# The munge key is read from Secret Manager (${CLUSTER}-munge-key), never from instance metadata.
-# Creating that secret is not automated by the console yet (docs/backends.md, "gce: not yet").
-if command -v gcloud >/dev/null; then
-  gcloud secrets versions access latest --secret="${CLUSTER}-munge-key" > /etc/munge/munge.key
-  chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
-  systemctl restart munge
-fi
+META=http://metadata.google.internal/computeMetadata/v1/instance/attributes
+# The munge key lives in Secret Manager (${CLUSTER}-munge-key), never in instance metadata.
+gcloud secrets versions access latest --secret="${CLUSTER}-munge-key" --out-file=/etc/munge/munge.key
+chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
+systemctl restart munge
 
 if [ -n "$HOME_SHARE" ] && ! mountpoint -q /home; then
   mount -t nfs -o vers=3,hard,timeo=600 "$HOME_SHARE" /home || true
@@ -40,10 +38,35 @@ for entry in "${mounts[@]}"; do
   mountpoint -q "$point" || gcsfuse ${options:+-o "$options"} "$bucket" "$point" || true
 done
 
+write_conf() {
+  # The controller and login nodes get slurm.conf, prolog and epilog from their metadata.
+  mkdir -p /etc/slurm
+  curl -sf -H Metadata-Flavor:Google "$META/slurm-conf" > /etc/slurm/slurm.conf.new && mv /etc/slurm/slurm.conf.new /etc/slurm/slurm.conf
+  for hook in prolog epilog; do
+    curl -sf -H Metadata-Flavor:Google "$META/slurm-$hook" > "/etc/slurm/$hook.sh" || true
+    chmod 0755 "/etc/slurm/$hook.sh"
+  done
+}
+
 case "$ROLE" in
-  controller) systemctl enable --now slurmctld ;;
-  compute) systemctl enable --now slurmd ;;
-  login) echo "SLURM_CONF=/etc/slurm/slurm.conf" >> /etc/environment ;;
+  controller)
+    write_conf
+    mkdir -p /var/spool/slurmctld && chown slurm: /var/spool/slurmctld
+    systemctl enable --now slurmctld
+    # Reload when the console changes the node list (a resize sets new metadata).
+    nohup bash -c "while curl -sf -H Metadata-Flavor:Google '$META/slurm-conf?wait_for_change=true' >/dev/null; do
+      $(declare -f write_conf); META=$META write_conf; systemctl restart slurmctld; done" >/var/log/tcc-conf-agent.log 2>&1 &
+    ;;
+  compute)
+    # Configless: slurmd fetches slurm.conf from the controller; the node name is the host name less the prefix.
+    echo "SLURMD_OPTIONS=\"--conf-server $CONTROLLER -N ${HOSTNAME#"$CLUSTER"-}\"" > /etc/default/slurmd
+    systemctl enable --now slurmd
+    ;;
+  login)
+    write_conf
+    nohup bash -c "while curl -sf -H Metadata-Flavor:Google '$META/slurm-conf?wait_for_change=true' >/dev/null; do
+      $(declare -f write_conf); META=$META write_conf; done" >/var/log/tcc-conf-agent.log 2>&1 &
+    ;;
 esac
 
 # The pool's own startup_script from the spec runs last.
