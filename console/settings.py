@@ -133,6 +133,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "clusters.tasks.resume_stale_operations",
         "schedule": 60.0,
     },
+    # Record run transitions even when nobody watches the run page.
+    "refresh-active-runs": {
+        "task": "recipes.tasks.refresh_active_runs",
+        "schedule": 15.0,
+    },
 }
 
 # Request bodies: a cluster spec is a few KB; refuse what no spec needs, with a clear message.

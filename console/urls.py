@@ -11,6 +11,7 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
+    path("clusters/<slug:project>/<slug:name>/runs/", include("recipes.urls")),
     path("clusters/", include("clusters.urls")),
     path("api/v1/", include("clusters.api.urls")),
     path("v1beta1/", include("clusters.api.compat_urls")),

@@ -2,6 +2,8 @@
 
 from django.urls import path
 
+from recipes import api as recipes_api
+
 from . import views
 
 urlpatterns = [
@@ -12,4 +14,16 @@ urlpatterns = [
     path("projects/<slug:project>/clusters/<slug:cluster>/jobs/", views.ClusterJobs.as_view(), name="api-jobs"),
     path("projects/<slug:project>/clusters/<slug:cluster>/events/", views.ClusterEvents.as_view(), name="api-events"),
     path("projects/<slug:project>/operations/<uuid:operation>/", views.OperationDetail.as_view(), name="api-operation"),
+    path("recipes/", recipes_api.RecipeList.as_view(), name="api-recipes"),
+    path("projects/<slug:project>/clusters/<slug:cluster>/runs/", recipes_api.RunList.as_view(), name="api-runs"),
+    path(
+        "projects/<slug:project>/clusters/<slug:cluster>/runs/<uuid:run>/",
+        recipes_api.RunDetail.as_view(),
+        name="api-run",
+    ),
+    path(
+        "projects/<slug:project>/clusters/<slug:cluster>/runs/<uuid:run>/cancel/",
+        recipes_api.RunCancel.as_view(),
+        name="api-run-cancel",
+    ),
 ]

@@ -119,6 +119,21 @@ class Backend:
         """The NodeShape each node of `pool` gets on this backend; shown on the cluster page."""
         raise NotImplementedError
 
+    def shared_dir(self, cluster):
+        """A folder every node and the console see (the cluster's /home), for run configs and outputs."""
+        raise PermanentBackendError(f"The {self.name} backend cannot run recipes yet")
+
+    def submit_batch(self, cluster, script_path):
+        """Submit an sbatch script that lies in shared_dir(); returns the Slurm job id."""
+        raise PermanentBackendError(f"The {self.name} backend cannot submit jobs yet")
+
+    def cancel_job(self, cluster, job_id):
+        raise PermanentBackendError(f"The {self.name} backend cannot cancel jobs yet")
+
+    def job_status(self, cluster, job_id):
+        """The job's JobStatus while Slurm still knows it, else None."""
+        return next((job for job in self.jobs(cluster) if job.job_id == job_id), None)
+
     @staticmethod
     def save_state(cluster, **values):
         cluster.backend_state = {**cluster.backend_state, **values}

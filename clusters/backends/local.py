@@ -190,6 +190,22 @@ class LocalBackend(Backend):
             return []
         return parse_squeue(run_client(paths.conf, "squeue", "--json", timeout=10).stdout)
 
+    def shared_dir(self, cluster):
+        return self.paths(cluster).jobs
+
+    def submit_batch(self, cluster, script_path):
+        result = run_client(self.paths(cluster).conf, "sbatch", "--parsable", str(script_path), timeout=30)
+        return int(result.stdout.strip().split(";")[0])
+
+    def cancel_job(self, cluster, job_id):
+        run_client(self.paths(cluster).conf, "scancel", str(job_id), timeout=30)
+
+    def job_status(self, cluster, job_id):
+        result = run_client(self.paths(cluster).conf, "squeue", "--json", "-j", str(job_id), timeout=15, check=False)
+        if result.returncode != 0:
+            return None  # Slurm has forgotten the job (older than MinJobAge)
+        return next((job for job in parse_squeue(result.stdout) if job.job_id == job_id), None)
+
     # -- helpers ------------------------------------------------------------------------------
 
     def paths(self, cluster):

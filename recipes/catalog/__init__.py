@@ -1,0 +1,54 @@
+"""The recipe catalog: one JSON file per recipe in this folder, validated when first loaded."""
+
+import json
+from functools import cache
+from pathlib import Path
+
+FOLDER = Path(__file__).resolve().parent
+KINDS = ("pretrain", "cpt", "sft", "rl")
+FAMILIES = ("llama", "gemma")
+REQUIRED = {
+    "id", "name", "family", "size", "kind", "hardware", "parallelism", "batch", "precision",
+    "dataset", "checkpoint_every", "throughput_target", "source", "profiles",
+}  # fmt: skip
+TINY = {"hidden_size", "intermediate_size", "layers", "heads", "seq_len", "micro_batch", "lr", "nodes", "steps"}
+
+
+class CatalogError(ValueError):
+    pass
+
+
+def check(recipe, path):
+    missing = REQUIRED - set(recipe)
+    if missing:
+        raise CatalogError(f"{path.name}: missing {sorted(missing)}")
+    if recipe["id"] != path.stem:
+        raise CatalogError(f"{path.name}: id {recipe['id']!r} must match the file name")
+    if recipe["kind"] not in KINDS or recipe["family"] not in FAMILIES:
+        raise CatalogError(f"{path.name}: kind must be one of {KINDS}, family one of {FAMILIES}")
+    tiny = recipe["profiles"].get("tiny")
+    if not tiny or TINY - set(tiny):
+        raise CatalogError(f"{path.name}: the tiny profile needs {sorted(TINY)}")
+    if tiny["hidden_size"] % tiny["heads"]:
+        raise CatalogError(f"{path.name}: tiny hidden_size must divide by heads")
+    hardware = recipe["hardware"]
+    # The real profile is the recipe's own hardware, batch and parallelism.
+    recipe["profiles"]["full"] = {
+        "nodes": hardware["nodes"],
+        "gpus_per_node": hardware["gpus_per_node"],
+        "seq_len": recipe["batch"]["seq_len"],
+        "micro_batch": recipe["batch"]["micro_batch"],
+        "steps": 1000,
+        "checkpoint_every": recipe["checkpoint_every"],
+    }
+    return recipe
+
+
+@cache
+def recipes():
+    """{id: recipe}, sorted by id."""
+    return {path.stem: check(json.loads(path.read_text()), path) for path in sorted(FOLDER.glob("*.json"))}
+
+
+def get_recipe(recipe_id):
+    return recipes().get(recipe_id)

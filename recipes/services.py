@@ -1,0 +1,352 @@
+"""Launching recipes as Slurm jobs, following them, and cancelling them.
+
+A launch validates the request against the recipe and the cluster (partition, node count, GPUs),
+resolves the run config train.py reads, renders the sbatch script (the same one a user could submit
+from the login shell), writes both to the cluster's shared folder and submits. Run status follows
+Slurm's job state and is recorded in the console's database, so history survives a controller restart.
+"""
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from clusters.backends import BackendError, get_backend
+from clusters.choices import EventLevel, NodeRole
+from clusters.services import Conflict, ConsoleError, record_event
+
+from .catalog import get_recipe, recipes
+from .models import Run, RunStatus
+
+
+class LaunchError(ConsoleError):
+    """A launch that cannot be accepted; `errors` maps field names to reasons."""
+
+    def __init__(self, errors):
+        super().__init__("; ".join(f"{k}: {', '.join(v)}" for k, v in errors.items()))
+        self.errors = errors
+
+
+# Slurm job states (squeue --json job_state) and the run status each means.
+SLURM_TO_RUN = {
+    "PENDING": RunStatus.QUEUED,
+    "REQUEUED": RunStatus.QUEUED,
+    "REQUEUE_HOLD": RunStatus.QUEUED,
+    "CONFIGURING": RunStatus.QUEUED,
+    "RUNNING": RunStatus.RUNNING,
+    "COMPLETING": RunStatus.RUNNING,
+    "SUSPENDED": RunStatus.RUNNING,
+    "COMPLETED": RunStatus.COMPLETED,
+    "CANCELLED": RunStatus.CANCELLED,
+    "FAILED": RunStatus.FAILED,
+    "TIMEOUT": RunStatus.FAILED,
+    "NODE_FAIL": RunStatus.FAILED,
+    "OUT_OF_MEMORY": RunStatus.FAILED,
+    "BOOT_FAIL": RunStatus.FAILED,
+    "DEADLINE": RunStatus.FAILED,
+    "PREEMPTED": RunStatus.QUEUED,
+}
+
+
+def partition_shape(cluster, partition_name):
+    """(node count, GPUs per node) of a partition, or None when the cluster has no such partition."""
+    partition = cluster.partitions.filter(name=partition_name).prefetch_related("node_pools").first()
+    if partition is None:
+        return None
+    pools = [p for p in partition.node_pools.all() if p.role == NodeRole.COMPUTE]
+    nodes = sum(p.node_count for p in pools)
+    gpus = min((p.accelerator_count for p in pools), default=0)
+    if cluster.backend == "local":
+        gpus = 0  # local nodes run on CPU whatever the machine type says
+    return nodes, gpus
+
+
+def validate_launch(cluster, data):
+    """The checked launch request, or LaunchError naming each bad field."""
+    errors = {}
+    recipe = get_recipe(data.get("recipe", ""))
+    if recipe is None:
+        errors["recipe"] = [f"unknown recipe; choose one of: {', '.join(recipes())}"]
+    profile_name = data.get("profile") or "tiny"
+    profile = recipe["profiles"].get(profile_name) if recipe else None
+    if recipe and profile is None:
+        errors["profile"] = [f"unknown profile; choose one of: {', '.join(recipe['profiles'])}"]
+    default_partition = cluster.partitions.filter(is_default=True).values_list("name", flat=True).first()
+    partition = data.get("partition") or default_partition or ""
+    shape = partition_shape(cluster, partition)
+    if shape is None:
+        errors["partition"] = [f"the cluster has no partition '{partition}'"]
+    nodes = to_int(data.get("nodes", profile["nodes"] if profile else 1), "nodes", errors, minimum=1)
+    steps = to_int(data.get("steps", profile["steps"] if profile else 1), "steps", errors, minimum=1)
+    if shape and nodes is not None and nodes > shape[0]:
+        errors.setdefault("nodes", []).append(f"partition '{partition}' has {shape[0]} nodes")
+    if shape and profile and profile.get("gpus_per_node", 0) > shape[1]:
+        errors.setdefault("profile", []).append(
+            f"the {profile_name} profile needs {profile['gpus_per_node']} GPUs per node; "
+            f"partition '{partition}' has {shape[1]} (use the tiny profile)"
+        )
+    init_from = None
+    if recipe and recipe["kind"] == "cpt":
+        init_from, problem = checkpoint_source(cluster, recipe, data.get("init_from"))
+        if problem:
+            errors["init_from"] = [problem]
+    if errors:
+        raise LaunchError(errors)
+    return {
+        "recipe": recipe,
+        "profile_name": profile_name,
+        "profile": profile,
+        "partition": partition,
+        "nodes": nodes,
+        "steps": steps,
+        "init_from": init_from,
+    }
+
+
+def checkpoint_source(cluster, recipe, run_id):
+    """(run, problem): the run continued pretraining starts from, or why it cannot."""
+    run = Run.objects.filter(uuid=run_id, cluster__project=cluster.project).first() if is_uuid(run_id) else None
+    if run is None:
+        return None, "continued pretraining starts from a run of this project: give its id"
+    family = get_recipe(run.recipe_id)["family"]
+    if family != recipe["family"]:
+        return None, f"that checkpoint is a {family} model; this recipe trains {recipe['family']}"
+    if not latest_checkpoint(run):
+        return None, "that run has no checkpoint yet"
+    return run, ""
+
+
+def is_uuid(value):
+    import uuid
+
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+def to_int(value, field, errors, minimum):
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        errors.setdefault(field, []).append("must be a whole number")
+        return None
+    if number < minimum:
+        errors.setdefault(field, []).append(f"must be at least {minimum}")
+        return None
+    return number
+
+
+def latest_checkpoint(run):
+    folder = Path(run.work_dir) / "checkpoints"
+    found = sorted(folder.glob("step-*"), key=lambda p: int(p.name.split("-")[1])) if folder.exists() else []
+    return found[-1] if found else None
+
+
+def resolve_config(launch, work_dir):
+    recipe, profile = launch["recipe"], launch["profile"]
+    config = {
+        "recipe": recipe["id"],
+        "family": recipe["family"],
+        "kind": "pretrain" if recipe["kind"] == "cpt" else recipe["kind"],
+        "profile": launch["profile_name"],
+        "model": {
+            k: profile[k] for k in ("hidden_size", "intermediate_size", "layers", "heads", "kv_heads") if k in profile
+        },
+        "seq_len": profile["seq_len"],
+        "micro_batch": profile["micro_batch"],
+        "lr": profile.get("lr", 3e-4),
+        "steps": launch["steps"],
+        "checkpoint_every": profile.get("checkpoint_every", recipe["checkpoint_every"]),
+        "seed": 7,
+        "data_seed": 1234,
+        "output_dir": str(work_dir),
+        "log_every": 10,
+    }
+    if recipe["kind"] == "sft":
+        config["dataset"] = str(Path(settings.BASE_DIR) / recipe["dataset"])
+    if launch["init_from"] is not None:
+        # Continued pretraining carries on the step count: it trains `steps` more after the saved step.
+        checkpoint = latest_checkpoint(launch["init_from"])
+        saved = json.loads((checkpoint / "meta.json").read_text())["step"]
+        config.update(init_from=str(checkpoint), steps=saved + launch["steps"])
+    return config
+
+
+def render_script(run_name, launch, work_dir):
+    """The sbatch script: one task per node, requeued on node failure, output appended across requeues."""
+    python = shlex.quote(sys.executable)
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"#SBATCH --job-name={run_name}",
+            f"#SBATCH --partition={launch['partition']}",
+            f"#SBATCH --nodes={launch['nodes']}",
+            "#SBATCH --ntasks-per-node=1",
+            f"#SBATCH --output={work_dir}/slurm-%j.out",
+            "#SBATCH --open-mode=append",
+            "#SBATCH --requeue",
+            "set -euo pipefail",
+            f"cd {shlex.quote(str(settings.BASE_DIR))}",
+            f"srun {python} -m recipes.train {shlex.quote(str(work_dir / 'config.json'))}",
+            "",
+        ]
+    )
+
+
+def preview(cluster, data):
+    """(launch, script) without submitting: what the launch page shows before Submit."""
+    launch = validate_launch(cluster, data)
+    work_dir = run_dir(cluster, "<run-id>")
+    return launch, render_script(f"{launch['recipe']['id']}", launch, work_dir)
+
+
+def run_dir(cluster, run_id):
+    return Path(get_backend(cluster.backend).shared_dir(cluster)) / "runs" / str(run_id)
+
+
+def launch_run(*, cluster, data, user=None):
+    if not cluster.is_usable:
+        raise Conflict(
+            f"Cluster '{cluster.name}' is {cluster.get_status_display().lower()}; runs start on a ready cluster"
+        )
+    launch = validate_launch(cluster, data)
+    run = Run(
+        cluster=cluster,
+        recipe_id=launch["recipe"]["id"],
+        profile=launch["profile_name"],
+        partition=launch["partition"],
+        nodes=launch["nodes"],
+        steps=launch["steps"],
+        init_from=launch["init_from"],
+        created_by=user,
+    )
+    backend = get_backend(cluster.backend)
+    try:
+        work_dir = run_dir(cluster, run.uuid)
+    except BackendError as exc:
+        raise LaunchError({"cluster": [str(exc)]}) from None
+    run.work_dir = str(work_dir)
+    run.config = resolve_config(launch, work_dir)
+    run.script = render_script(f"{launch['recipe']['id']}-{str(run.uuid)[:8]}", launch, work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / "config.json").write_text(json.dumps(run.config, indent=2))
+    (work_dir / "job.sbatch").write_text(run.script)
+    try:
+        run.slurm_job_id = backend.submit_batch(cluster, work_dir / "job.sbatch")
+    except BackendError as exc:
+        raise LaunchError({"cluster": [f"sbatch failed: {exc}"]}) from None
+    with transaction.atomic():
+        run.save()
+        record_event(
+            cluster,
+            f"Run {run.recipe_id} ({run.profile}) submitted as Slurm job {run.slurm_job_id} by {user or 'system'}",
+        )
+    return run
+
+
+def refresh_run(run):
+    """Follow the run's Slurm job; record a transition at most once (compare-and-set)."""
+    if run.is_done or run.slurm_job_id is None:
+        return run
+    backend = get_backend(run.cluster.backend)
+    try:
+        job = backend.job_status(run.cluster, run.slurm_job_id)
+    except (BackendError, OSError, ValueError):
+        return run  # Slurm unreachable: keep what we know
+    now = timezone.now()
+    if job is None:
+        # Slurm forgot the job: judge by what the run left behind.
+        new = RunStatus.COMPLETED if (Path(run.work_dir) / "result.json").exists() else RunStatus.FAILED
+        fields = {"finished": now}
+        if new == RunStatus.FAILED:
+            fields["error"] = "Slurm no longer knows the job and it left no result"
+        moved = run.set_status(new, expected=RunStatus.active(), **fields)
+    else:
+        new = SLURM_TO_RUN.get(job.state, RunStatus.QUEUED)
+        if new == RunStatus.COMPLETED and not (Path(run.work_dir) / "result.json").exists():
+            new = RunStatus.FAILED  # judge success by the result, not only the exit code
+        fields = {
+            "slurm_state": job.state,
+            "slurm_reason": "" if job.reason == "None" else job.reason,
+            "exit_code": job.exit_code,
+        }
+        if new == RunStatus.RUNNING and run.started is None:
+            fields["started"] = now
+        if new in RunStatus.done():
+            fields["finished"] = now
+            if new == RunStatus.FAILED:
+                fields["error"] = f"Slurm job {job.state.lower()} (exit code {job.exit_code})"
+        if new == run.status:
+            Run.objects.filter(pk=run.pk).update(**fields)
+            for key, value in fields.items():
+                setattr(run, key, value)
+            return run
+        moved = run.set_status(new, expected=RunStatus.active(), **fields)
+    if moved:
+        level = EventLevel.ERROR if run.status == RunStatus.FAILED else EventLevel.INFO
+        record_event(
+            run.cluster,
+            f"Run {run.recipe_id} (job {run.slurm_job_id}) is {run.get_status_display().lower()}",
+            level=level,
+        )
+    return run
+
+
+def cancel_run(run):
+    if run.is_done:
+        raise Conflict(f"The run has already {run.get_status_display().lower()}")
+    try:
+        get_backend(run.cluster.backend).cancel_job(run.cluster, run.slurm_job_id)
+    except BackendError as exc:
+        raise Conflict(f"scancel failed: {exc}") from None
+    if run.set_status(
+        RunStatus.CANCELLED, expected=RunStatus.active(), finished=timezone.now(), slurm_state="CANCELLED"
+    ):
+        record_event(run.cluster, f"Run {run.recipe_id} (job {run.slurm_job_id}) cancelled")
+    return run
+
+
+def metrics(run, limit=None):
+    path = Path(run.work_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows[-limit:] if limit else rows
+
+
+def log_tail(run, lines=40):
+    files = sorted(Path(run.work_dir).glob("slurm-*.out"))
+    if not files:
+        return ""
+    text = files[-1].read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+def summary(run):
+    """Step, loss, tokens/s and ETA from the metrics the run wrote."""
+    rows = metrics(run)
+    if not rows:
+        return {}
+    last = rows[-1]
+    eta = None
+    if run.status == RunStatus.RUNNING and len(rows) > 1:
+        per_step = (rows[-1]["time"] - rows[0]["time"]) / max(1, rows[-1]["step"] - rows[0]["step"])
+        eta = round(per_step * (run.steps - last["step"]))
+    return {
+        "step": last["step"],
+        "loss": last["loss"],
+        "tokens_per_s": last["tokens_per_s"],
+        "eta_s": eta,
+        "first_loss": rows[0]["loss"],
+    }
+
+
+def refresh_active_runs():
+    for run in Run.objects.filter(status__in=RunStatus.active()).select_related("cluster"):
+        refresh_run(run)

@@ -1,0 +1,13 @@
+"""URLs of the run pages (mounted under /clusters/<project>/<cluster>/runs/)."""
+
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("", views.cluster_runs, name="cluster-runs"),
+    path("new/", views.run_new, name="run-new"),
+    path("<uuid:run_id>/", views.run_detail, name="run-detail"),
+    path("<uuid:run_id>/live/", views.run_live, name="run-live"),
+    path("<uuid:run_id>/cancel/", views.run_cancel, name="run-cancel"),
+]

@@ -1,0 +1,177 @@
+"""Recipes: the catalog, launch validation, and tiny runs on one shared 2-node local Slurm cluster.
+
+rita owns project "rlab" with cluster "train" (2 CPU nodes), made once for the module; charlie is
+an outsider.
+"""
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from clusters import services as cluster_services
+from clusters.backends import processes
+from clusters.choices import ClusterStatus
+from clusters.models import Cluster, Project
+from recipes.catalog import recipes
+from recipes.models import Run, RunStatus
+
+from .conftest import api_client_for, example_spec
+
+pytestmark = pytest.mark.django_db
+RUNS = "/api/v1/projects/rlab/clusters/train/runs/"
+
+
+@pytest.fixture(scope="module")
+def train_cluster(django_db_setup, django_db_blocker):
+    """A READY 2-node local cluster for the whole module, committed outside the tests' transactions."""
+    from django.contrib.auth import get_user_model
+
+    with django_db_blocker.unblock():
+        rita = get_user_model().objects.create_user("rita", "rita@example.com", "rita-password")
+        project = Project.objects.create(slug="rlab", name="Recipes lab")
+        project.members.add(rita)
+        operation = cluster_services.create_cluster(project=project, name="train", spec=example_spec(cpu=2), user=rita)
+        cluster_services.run_operation(operation.pk)
+        cluster = Cluster.objects.get(pk=operation.cluster_id)
+        assert cluster.status == ClusterStatus.READY
+    yield cluster
+    root = str(settings.LOCAL_CLUSTERS_DIR)
+    for name in ("slurmd", "slurmctld", "munged"):
+        processes.stop(processes.find_pids(name, root))
+    shutil.rmtree(root, ignore_errors=True)
+    with django_db_blocker.unblock():
+        Run.objects.all().delete()
+        project.delete()
+        rita.delete()
+
+
+@pytest.fixture
+def rita_api(train_cluster):
+    return api_client_for(train_cluster.project.members.get())
+
+
+def launch(api, **body):
+    return api.post(
+        RUNS, {"recipe": "llama3.1-8b-pretrain", "profile": "tiny", "nodes": 2, "steps": 30, **body}, format="json"
+    )
+
+
+def finished(api, run_id, timeout=240):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = api.get(f"{RUNS}{run_id}/").json()
+        if body["status"] in ("COMPLETED", "FAILED", "CANCELLED"):
+            return body
+        time.sleep(1)
+    raise AssertionError(f"run {run_id} did not finish in {timeout} s")
+
+
+def losses(body):
+    path = Path(body["work_dir"]) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_catalog_has_llama_and_gemma_recipes_of_every_kind():
+    catalog = recipes()
+    sizes = {(r["family"], r["size"]) for r in catalog.values()}
+    assert {
+        ("llama", "8B"),
+        ("llama", "70B"),
+        ("llama", "405B"),
+        ("gemma", "2B"),
+        ("gemma", "9B"),
+        ("gemma", "27B"),
+    } <= sizes
+    assert {"pretrain", "cpt", "sft"} <= {r["kind"] for r in catalog.values()}
+    for recipe in catalog.values():
+        assert recipe["profiles"]["tiny"]["nodes"] >= 1
+        assert recipe["profiles"]["full"]["gpus_per_node"] == recipe["hardware"]["gpus_per_node"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "reason"),
+    [
+        ({"recipe": "llama9-1t"}, "recipe", "unknown recipe"),
+        ({"profile": "full"}, "profile", "needs 8 GPUs per node; partition 'cpu' has 0"),
+        ({"nodes": 3}, "nodes", "partition 'cpu' has 2 nodes"),
+        ({"steps": -5}, "steps", "must be at least 1"),
+        ({"partition": "gpu"}, "partition", "no partition 'gpu'"),
+        ({"recipe": "llama3.1-8b-cpt"}, "init_from", "give its id"),
+    ],
+)
+def test_it_refuses_a_bad_launch_with_field_reasons_and_submits_nothing(rita_api, body, field, reason):
+    response = launch(rita_api, **body)
+    assert response.status_code == 400
+    assert reason in " ".join(response.json()[field])
+    assert not Run.objects.exists()
+
+
+def test_charlie_cannot_launch_on_ritas_cluster(train_cluster, charlie_api):
+    assert launch(charlie_api).status_code == 404
+    assert charlie_api.get(RUNS).status_code == 404
+
+
+def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api, client, train_cluster):
+    response = launch(rita_api, steps=40)
+    assert response.status_code == 201, response.content
+    run = response.json()
+    assert "#SBATCH --nodes=2" in run["script"] and "srun" in run["script"]
+    done = finished(rita_api, run["id"])
+    assert done["status"] == "COMPLETED", done
+    rows = losses(done)
+    assert rows[-1]["step"] == 40
+    assert rows[-1]["loss"] < rows[0]["loss"] * 0.7  # it learns
+    checkpoint = Path(done["work_dir"]) / "checkpoints" / "step-40"
+    assert json.loads((checkpoint / "meta.json").read_text())["world"] == 2
+    assert {p.name for p in checkpoint.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
+
+    # The run page draws the loss and shows the log; its live part stops polling once done.
+    client.force_login(train_cluster.project.members.get())
+    page = client.get(f"/clusters/rlab/train/runs/{run['id']}/").content.decode()
+    assert 'id="loss-chart"' in page
+    assert "[train] step 40" in page
+    assert client.get(f"/clusters/rlab/train/runs/{run['id']}/live/", HTTP_HX_REQUEST="true").status_code == 286
+
+    # Continued pretraining starts from that checkpoint, at its step.
+    response = launch(rita_api, recipe="llama3.1-8b-cpt", steps=10, init_from=run["id"])
+    assert response.status_code == 201, response.content
+    cpt = finished(rita_api, response.json()["id"])
+    assert cpt["status"] == "COMPLETED", cpt
+    cpt_rows = losses(cpt)
+    assert cpt_rows[0]["step"] == 41 and cpt_rows[-1]["step"] == 50
+    assert cpt_rows[0]["loss"] < rows[0]["loss"] * 0.7  # it starts from trained weights
+
+    # A Gemma checkpoint cannot continue a Llama run.
+    gemma = Run.objects.get(uuid=run["id"])
+    gemma.recipe_id = "gemma2-2b-pretrain"
+    gemma.save()
+    response = launch(rita_api, recipe="llama3.1-8b-cpt", init_from=run["id"], steps=1)
+    assert response.status_code == 400
+    assert "is a gemma model; this recipe trains llama" in response.json()["init_from"][0]
+
+    # SFT on the shipped instruction set, loss on responses only.
+    response = launch(rita_api, recipe="llama3.1-8b-sft", steps=15)
+    sft = finished(rita_api, response.json()["id"])
+    assert sft["status"] == "COMPLETED", sft
+    assert losses(sft)[-1]["step"] == 15
+
+
+def test_cancelling_a_run_cancels_its_slurm_job(rita_api, train_cluster):
+    from clusters.backends import get_backend
+
+    run = launch(rita_api, steps=100000).json()
+    deadline = time.monotonic() + 60
+    while rita_api.get(f"{RUNS}{run['id']}/").json()["status"] != "RUNNING":
+        assert time.monotonic() < deadline, "the run never started"
+        time.sleep(0.5)
+    response = rita_api.post(f"{RUNS}{run['id']}/cancel/")
+    assert response.status_code == 200
+    assert response.json()["status"] == "CANCELLED"
+    job = get_backend("local").job_status(train_cluster, run["slurm_job_id"])
+    assert job is None or job.state in ("CANCELLED", "COMPLETING")
+    assert Run.objects.get(uuid=run["id"]).status == RunStatus.CANCELLED
+    assert rita_api.post(f"{RUNS}{run['id']}/cancel/").status_code == 409
