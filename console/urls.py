@@ -5,6 +5,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from recipes import views as recipes_views
+
 from . import views
 
 urlpatterns = [
@@ -12,6 +14,8 @@ urlpatterns = [
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
     path("clusters/<slug:project>/<slug:name>/runs/", include("recipes.urls")),
+    path("clusters/<slug:project>/<slug:name>/tensorboard/", recipes_views.tensorboard_proxy, name="tensorboard"),
+    path("clusters/<slug:project>/<slug:name>/tensorboard/<path:path>", recipes_views.tensorboard_proxy),
     path("clusters/", include("clusters.urls")),
     path("api/v1/", include("clusters.api.urls")),
     path("v1beta1/", include("clusters.api.compat_urls")),

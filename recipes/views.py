@@ -2,8 +2,10 @@
 
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from clusters.backends import BackendError
 from clusters.services import ConsoleError
 from clusters.views import cluster_for
 from console.htmx import render_fragment
@@ -93,3 +95,43 @@ def cluster_runs(request, project, name):
     for run in runs:
         services.refresh_run(run)
     return render_fragment(request, "recipes/partials/runs.html", {"cluster": cluster, "runs": runs})
+
+
+HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-encoding", "content-length", "server", "date"}
+
+
+@csrf_exempt  # TensorBoard's frontend POSTs read-only data queries without Django's token; see below
+def tensorboard_proxy(request, project, name, path=""):
+    """The cluster's TensorBoard, through the console's login and project check; started on first use."""
+    import urllib.error
+    import urllib.request
+
+    from django.http import HttpResponse
+
+    from . import tensorboard
+
+    cluster = cluster_for(request, project, name)
+    if request.method not in ("GET", "HEAD") and not (request.method == "POST" and "data/" in path):
+        return HttpResponse("Only reads go through to TensorBoard.", status=405, content_type="text/plain")
+    try:
+        port = tensorboard.ensure(cluster)
+    except (RuntimeError, ConsoleError, BackendError, OSError) as exc:
+        return HttpResponse(f"TensorBoard is not available: {exc}", status=503, content_type="text/plain")
+    url = f"http://127.0.0.1:{port}{tensorboard.prefix(cluster)}/{path}"
+    if request.META.get("QUERY_STRING"):
+        url += "?" + request.META["QUERY_STRING"]
+    body = request.body if request.method == "POST" else None
+    headers = {"Content-Type": request.headers.get("Content-Type", "")} if body else {}
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, data=body, headers=headers, method=request.method), timeout=30
+        ) as upstream:
+            response = HttpResponse(upstream.read(), status=upstream.status)
+            upstream_headers = upstream.headers
+    except urllib.error.HTTPError as exc:
+        response = HttpResponse(exc.read(), status=exc.code)
+        upstream_headers = exc.headers
+    for key, value in upstream_headers.items():
+        if key.lower() not in HOP_HEADERS:
+            response[key] = value
+    return response

@@ -39,6 +39,9 @@ def train_cluster(django_db_setup, django_db_blocker):
         cluster = Cluster.objects.get(pk=operation.cluster_id)
         assert cluster.status == ClusterStatus.READY
     yield cluster
+    from recipes import tensorboard
+
+    tensorboard.stop(cluster)
     root = str(settings.LOCAL_CLUSTERS_DIR)
     for name in ("slurmd", "slurmctld", "munged"):
         processes.stop(processes.find_pids(name, root))
@@ -110,9 +113,11 @@ def test_it_refuses_a_bad_launch_with_field_reasons_and_submits_nothing(rita_api
     assert not Run.objects.exists()
 
 
-def test_charlie_cannot_launch_on_ritas_cluster(train_cluster, charlie_api):
+def test_charlie_cannot_launch_on_ritas_cluster_nor_see_its_tensorboard(train_cluster, charlie_api, client, charlie):
     assert launch(charlie_api).status_code == 404
     assert charlie_api.get(RUNS).status_code == 404
+    client.force_login(charlie)
+    assert client.get("/clusters/rlab/train/tensorboard/data/runs").status_code == 404
 
 
 def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api, client, train_cluster):
@@ -135,6 +140,17 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     assert 'id="loss-chart"' in page
     assert "[train] step 40" in page
     assert client.get(f"/clusters/rlab/train/runs/{run['id']}/live/", HTTP_HX_REQUEST="true").status_code == 286
+
+    # TensorBoard answers with the run's scalars through the console, and only to signed-in members.
+    tags = client.get("/clusters/rlab/train/tensorboard/data/plugin/scalars/tags").json()
+    assert "train/loss" in tags[f"{run['id']}/tensorboard"]
+    scalars = client.get(
+        "/clusters/rlab/train/tensorboard/data/plugin/scalars/scalars",
+        {"run": f"{run['id']}/tensorboard", "tag": "train/loss"},
+    ).json()
+    assert len(scalars) == 40
+    client.logout()
+    assert client.get("/clusters/rlab/train/tensorboard/data/runs")["Location"].startswith("/accounts/login/")
 
     # Continued pretraining starts from that checkpoint, at its step.
     response = launch(rita_api, recipe="llama3.1-8b-cpt", steps=10, init_from=run["id"])
