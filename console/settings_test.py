@@ -4,15 +4,20 @@ Celery workers started by the tests use these settings too, with CONSOLE_WORKER_
 they open the test database file that pytest-django created.
 """
 
+import hashlib
 import os
 
 from .settings import *  # noqa: F403
-from .settings import DATABASES, env
+from .settings import BASE_DIR, DATABASES, env
 
+# Two checkouts testing at once (a developer's and a CI clone) must not share a database file,
+# cluster folders or a task queue.
+CHECKOUT = hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:8]
 REDIS_URL = env("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_DEFAULT_QUEUE = f"console-tests-{CHECKOUT}"
 CELERY_TASK_ALWAYS_EAGER = False
-TEST_ROOT = env("TEST_ROOT", "/tmp/tcc-tests")
+TEST_ROOT = env("TEST_ROOT", f"/tmp/tcc-tests-{CHECKOUT}")
 LOCAL_CLUSTERS_DIR = env("LOCAL_CLUSTERS_DIR", f"{TEST_ROOT}/clusters")
 DATABASES["default"]["TEST"] = {"NAME": f"{TEST_ROOT}/test.sqlite3"}
 if DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(redis-server slurmctld slurmd slurm-client munge chromium)
+APT_PACKAGES=(redis-server slurmctld slurmd slurm-client slurmrestd munge chromium)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

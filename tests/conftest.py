@@ -97,8 +97,13 @@ def redis_broker():
         client.ping()
     except redis.ConnectionError:
         pytest.fail(f"Redis is not running at {settings.REDIS_URL}; start it (scripts/test.sh does)")
-    client.flushdb()
+    purge_queue(client)
     return client
+
+
+def purge_queue(client):
+    """Drop this checkout's pending tasks (its own queue; another checkout's tests may share Redis)."""
+    client.delete(settings.CELERY_TASK_DEFAULT_QUEUE)
 
 
 class Worker:
@@ -157,7 +162,7 @@ class Worker:
 
 @pytest.fixture(scope="module")
 def celery_worker(redis_broker, tmp_path_factory):
-    redis_broker.flushdb()  # nothing left over from another module's tests
+    purge_queue(redis_broker)  # nothing left over from another module's tests
     worker = Worker(tmp_path_factory.mktemp("worker") / "worker.log")
     yield worker
     worker.stop()

@@ -191,3 +191,59 @@ def test_cancelling_a_run_cancels_its_slurm_job(rita_api, train_cluster):
     assert job is None or job.state in ("CANCELLED", "COMPLETING")
     assert Run.objects.get(uuid=run["id"]).status == RunStatus.CANCELLED
     assert rita_api.post(f"{RUNS}{run['id']}/cancel/").status_code == 409
+
+
+SLURM_REST = "/v1beta1/projects/rlab/locations/us-central1/modelDevelopmentClusters/train:callSlurmRestApi"
+
+
+def test_automation_submits_lists_and_cancels_jobs_through_slurmrestd(rita_api):
+    submit = {
+        "method": "HTTP_METHOD_POST",
+        "path": "/slurm/v0.0.38/job/submit",
+        "body": {
+            "script": "#!/bin/bash\nsleep 60\n",
+            "job": {
+                "name": "from-rest",
+                "partition": "cpu",
+                "nodes": 1,
+                "tasks": 1,
+                "time_limit": 5,
+                "current_working_directory": "/tmp",
+                "environment": {"PATH": "/usr/bin:/bin"},
+            },
+        },
+    }
+    response = rita_api.post(SLURM_REST, submit, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["status_code"] == 200
+    job_id = response.json()["body"]["job_id"]
+    jobs = rita_api.post(SLURM_REST, {"method": "HTTP_METHOD_GET", "path": "/slurm/v0.0.38/jobs"}, format="json").json()
+    assert job_id in [job["job_id"] for job in jobs["body"]["jobs"]]
+    cancelled = rita_api.post(
+        SLURM_REST, {"method": "HTTP_METHOD_DELETE", "path": f"/slurm/v0.0.38/job/{job_id}"}, format="json"
+    )
+    assert cancelled.json()["status_code"] == 200
+    job = rita_api.post(
+        SLURM_REST, {"method": "HTTP_METHOD_GET", "path": f"/slurm/v0.0.38/job/{job_id}"}, format="json"
+    )
+    assert job.json()["body"]["jobs"][0]["job_state"] == "CANCELLED"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"method": "HTTP_METHOD_PATCH", "path": "/slurm/v0.0.38/jobs"}, "method"),
+        ({"method": "HTTP_METHOD_GET", "path": "/etc/passwd"}, "path"),
+        ({"method": "HTTP_METHOD_GET", "path": "/slurm/../../etc"}, "path"),
+    ],
+)
+def test_it_refuses_a_slurmrestd_call_it_does_not_forward(rita_api, body, field):
+    response = rita_api.post(SLURM_REST, body, format="json")
+    assert response.status_code == 400
+    violations = response.json()["error"]["details"][0]["fieldViolations"]
+    assert [v["field"] for v in violations] == [field]
+
+
+def test_charlie_cannot_call_ritas_slurmrestd(train_cluster, charlie_api):
+    response = charlie_api.post(SLURM_REST, {"method": "HTTP_METHOD_GET", "path": "/slurm/v0.0.38/jobs"}, format="json")
+    assert response.status_code == 403

@@ -25,6 +25,7 @@ from rest_framework.views import APIView
 from console.auth import BearerTokenAuthentication
 
 from .. import services
+from ..backends import BackendError, get_backend
 from ..choices import ClusterStatus, OperationKind, OperationStatus
 from ..models import Cluster, Operation, Project
 from ..spec import SpecError
@@ -259,6 +260,49 @@ class CompatCluster(CompatView):
     def delete(self, request, project, location, cluster):
         cluster = self.cluster(project, location, cluster)
         return self.run(lambda: services.delete_cluster(cluster=cluster, user=request.user))
+
+
+SLURM_METHODS = {"HTTP_METHOD_GET": "GET", "HTTP_METHOD_POST": "POST", "HTTP_METHOD_DELETE": "DELETE"}
+SLURM_PATHS = ("/slurm/", "/slurmdb/", "/openapi")
+
+
+@extend_schema(exclude=True)
+class CompatSlurmRestApi(CompatView):
+    """`:callSlurmRestApi`: one request forwarded to the cluster's slurmrestd after the console's checks."""
+
+    def post(self, request, project, location, cluster):
+        import json
+
+        cluster = self.cluster(project, location, cluster)
+        body = request.data if isinstance(request.data, dict) else {}
+        method = SLURM_METHODS.get(body.get("method", ""))
+        path = body.get("path", "")
+        violations = {}
+        if method is None:
+            violations["method"] = [f"must be one of {', '.join(SLURM_METHODS)}"]
+        if not isinstance(path, str) or not path.startswith(SLURM_PATHS) or ".." in path:
+            violations["path"] = ["must be a slurmrestd path under /slurm/, /slurmdb/ or /openapi"]
+        payload = body.get("body")
+        if isinstance(payload, str) and payload:
+            try:
+                payload = json.loads(payload)
+            except ValueError:
+                violations["body"] = ["must be JSON"]
+        if violations:
+            raise invalid("Request contains an invalid argument.", violations)
+        if cluster.status not in ClusterStatus.usable():
+            raise RpcError(400, "FAILED_PRECONDITION", f"Cluster {cluster.name} is not running")
+        try:
+            status, raw = get_backend(cluster.backend).call_slurm_rest(cluster, method, path, payload or None)
+        except BackendError as exc:
+            raise RpcError(
+                503 if exc.retryable else 400, "UNAVAILABLE" if exc.retryable else "FAILED_PRECONDITION", str(exc)
+            ) from None
+        try:
+            answer = json.loads(raw or b"null")
+        except ValueError:
+            answer = raw.decode(errors="replace")
+        return Response({"status_code": status, "body": answer})
 
 
 @extend_schema(exclude=True)

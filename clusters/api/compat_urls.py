@@ -8,6 +8,11 @@ PREFIX = "projects/<slug:project>/locations/<slug:location>/"
 
 urlpatterns = [
     path(PREFIX + "modelDevelopmentClusters", compat.CompatClusters.as_view(), name="compat-clusters"),
+    path(
+        PREFIX + "modelDevelopmentClusters/<slug:cluster>:callSlurmRestApi",
+        compat.CompatSlurmRestApi.as_view(),
+        name="compat-slurm-rest",
+    ),
     path(PREFIX + "modelDevelopmentClusters/<slug:cluster>", compat.CompatCluster.as_view(), name="compat-cluster"),
     path(PREFIX + "operations/<str:operation>", compat.CompatOperation.as_view(), name="compat-operation"),
 ]

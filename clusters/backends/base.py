@@ -130,6 +130,10 @@ class Backend:
     def cancel_job(self, cluster, job_id):
         raise PermanentBackendError(f"The {self.name} backend cannot cancel jobs yet")
 
+    def call_slurm_rest(self, cluster, method, path, body=None):
+        """Forward a request to the cluster's slurmrestd; returns (HTTP status, raw body)."""
+        raise PermanentBackendError(f"The {self.name} backend cannot reach slurmrestd yet")
+
     def job_status(self, cluster, job_id):
         """The job's JobStatus while Slurm still knows it, else None."""
         return next((job for job in self.jobs(cluster) if job.job_id == job_id), None)

@@ -7,11 +7,13 @@ makes sinfo, sbatch and squeue talk to the cluster.
 """
 
 import hashlib
+import json
 import os
 import random
 import secrets
 import shutil
 import socket
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,10 @@ class ClusterPaths:
     @property
     def munge_key(self):
         return self.secrets / "munge.key"
+
+    @property
+    def jwt_key(self):
+        return self.secrets / "jwt_hs256.key"
 
     @property
     def munge_dir(self):
@@ -80,6 +86,17 @@ def machine_memory_mb(pool):
 
 def host_memory_mb():
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+
+
+def write_secret(path, size):
+    """A random key file, readable by root alone, written once (tmp + rename, so never half a key)."""
+    if path.exists():
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(secrets.token_bytes(size))
+    os.replace(tmp, path)
 
 
 def port_is_free(port):
@@ -166,12 +183,14 @@ class LocalBackend(Backend):
         steps += [
             Step("Reconfigure running nodes", lambda: self.reconfigure(cluster, paths, [n.name for n in wanted])),
             Step("Wait for nodes to register idle", lambda: self.wait_idle(paths, [n.name for n in wanted])),
+            Step("Start slurmrestd", lambda: self.start_slurmrestd(cluster, paths)),
         ]
         return steps
 
     def delete_steps(self, cluster):
         paths = self.paths(cluster)
         return [
+            Step("Stop slurmrestd", lambda: processes.stop(processes.find_pids("slurmrestd", str(paths.conf)))),
             Step("Stop slurmd on every node", lambda: processes.stop(processes.find_pids("slurmd", str(paths.conf)))),
             Step("Stop slurmctld", lambda: processes.stop(processes.find_pids("slurmctld", str(paths.conf)))),
             Step("Stop munged", lambda: processes.stop(processes.find_pids("munged", str(paths.munge_socket)))),
@@ -220,12 +239,8 @@ class LocalBackend(Backend):
             folder.mkdir(parents=True, exist_ok=True)
         paths.munge_dir.chmod(0o755)
         paths.secrets.mkdir(mode=0o700, exist_ok=True)
-        if not paths.munge_key.exists():
-            tmp = paths.secrets / f".munge.key.{os.getpid()}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(secrets.token_bytes(128))
-            os.replace(tmp, paths.munge_key)
+        write_secret(paths.munge_key, 128)
+        write_secret(paths.jwt_key, 32)
         if len(str(paths.munge_socket)) > 100:
             raise PermanentBackendError(
                 f"LOCAL_CLUSTERS_DIR is too deep for munge's socket ({paths.munge_socket}); choose a shorter path"
@@ -252,9 +267,10 @@ class LocalBackend(Backend):
         ports = dict(cluster.backend_state.get("ports", {}))
         nodes = {n: p for n, p in ports.get("nodes", {}).items() if n in {w.name for w in wanted}}
         taken = self.ports_in_use() | set(nodes.values())
-        if "slurmctld" not in ports:
-            ports["slurmctld"] = self.pick_port(taken)
-        taken.add(ports["slurmctld"])
+        for daemon in ("slurmctld", "slurmrestd"):
+            if daemon not in ports:
+                ports[daemon] = self.pick_port(taken)
+            taken.add(ports[daemon])
         for node in wanted:
             if node.name not in nodes:
                 nodes[node.name] = self.pick_port(taken)
@@ -272,7 +288,7 @@ class LocalBackend(Backend):
             .values_list("backend_state", flat=True)
         ):
             ports = (state or {}).get("ports", {})
-            used.update([ports.get("slurmctld"), *ports.get("nodes", {}).values()])
+            used.update([ports.get("slurmctld"), ports.get("slurmrestd"), *ports.get("nodes", {}).values()])
         return used
 
     def pick_port(self, taken):
@@ -296,6 +312,9 @@ class LocalBackend(Backend):
             "CredType=cred/munge",
             # cred_expire=10: a requeued job may start again after ~11 s instead of ~121 s.
             f"AuthInfo=socket={paths.munge_socket},cred_expire=10",
+            # slurmrestd clients authenticate with JWTs signed by this cluster's key.
+            "AuthAltTypes=auth/jwt",
+            f"AuthAltParameters=jwt_key={paths.jwt_key}",
             f"StateSaveLocation={paths.state}",
             f"SlurmdSpoolDir={paths.spool}/%n",
             f"SlurmctldPidFile={paths.root}/slurmctld.pid",
@@ -366,6 +385,69 @@ class LocalBackend(Backend):
     def controller_up(self, paths):
         result = run_client(paths.conf, "scontrol", "ping", timeout=5, check=False)
         return "UP" in result.stdout
+
+    def start_slurmrestd(self, cluster, paths):
+        """slurmrestd on 127.0.0.1 with JWT auth; it refuses to run as root, so it runs as nobody.
+
+        Only the slurm/v0.0.38 plugin is loaded: the slurmdb ones refuse to start without slurmdbd.
+        """
+        running = processes.find_pids("slurmrestd", str(paths.conf))
+        if running and cluster.backend_state.get("slurmrestd_conf") == self.conf_digest(paths):
+            return
+        processes.stop(running)
+        port = cluster.backend_state["ports"]["slurmrestd"]
+        log = open(paths.logs / "slurmrestd.log", "ab")  # noqa: SIM115 - handed to the daemon
+        # setsid -f: slurmrestd runs in the foreground; the extra fork leaves no zombie in the worker.
+        subprocess.Popen(
+            [
+                "setsid",
+                "-f",
+                processes.program("slurmrestd"),
+                "-f",
+                str(paths.conf),
+                "-a",
+                "rest_auth/jwt",
+                "-s",
+                "openapi/v0.0.38",
+                "-u",
+                "nobody",
+                f"127.0.0.1:{port}",
+            ],
+            env={"SLURM_JWT": "daemon", "SLURM_CONF": str(paths.conf), "PATH": "/usr/bin:/bin"},
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        if not processes.wait_for(lambda: not port_is_free(port), timeout=15):
+            raise TransientBackendError(f"slurmrestd did not start; see {paths.logs / 'slurmrestd.log'}")
+        self.save_state(cluster, slurmrestd_conf=self.conf_digest(paths))
+
+    def call_slurm_rest(self, cluster, method, path, body=None):
+        """Forward one request to the cluster's slurmrestd as root, with a short-lived JWT."""
+        import urllib.error
+        import urllib.request
+
+        paths = self.paths(cluster)
+        port = cluster.backend_state.get("ports", {}).get("slurmrestd")
+        if not port:
+            raise PermanentBackendError("this cluster has no slurmrestd (it was created before slurmrestd was added)")
+        token = run_client(paths.conf, "scontrol", "token", "username=root", "lifespan=300").stdout.strip()
+        token = token.split("=", 1)[1] if token.startswith("SLURM_JWT=") else token
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}{path}",
+            data=data,
+            method=method,
+            headers={"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": token, "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+        except OSError as exc:
+            raise TransientBackendError(f"slurmrestd is not answering: {exc}") from None
 
     def start_slurmd(self, cluster, paths, node):
         if processes.find_pids("slurmd", str(paths.conf), node):
