@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 WORK = Path(tempfile.mkdtemp(prefix="tcc-bench-"))
+WORK.chmod(0o755)  # slurmrestd runs as nobody and reads slurm.conf below here
 ENV = {
     "DJANGO_SETTINGS_MODULE": "console.settings",
     "DATABASE_URL": f"sqlite:///{WORK / 'bench.sqlite3'}",

@@ -262,6 +262,7 @@ def train(config):
     )
     step, position = 0, 0
     resume = latest_checkpoint(checkpoints)
+    loading = time.perf_counter()
     if resume is not None:
         state = torch.load(resume / "state.pt", weights_only=False)
         model.load_state_dict(state["model"])
@@ -271,6 +272,7 @@ def train(config):
         step, position = meta["step"], meta["position"]
         set_rng_state(torch.load(resume / f"rng-{rank}.pt", weights_only=False))
         log(rank, f"resumed from {resume.name} at step {step}")
+        event(out, rank, "resumed", step=step, seconds=round(time.perf_counter() - loading, 4))
     else:
         torch.manual_seed(config["seed"] + rank)
         random.seed(config["seed"] + rank)
@@ -324,7 +326,9 @@ def train(config):
             if step % config.get("log_every", 10) == 0 or step == config["steps"]:
                 log(rank, f"step {step} loss {record['loss']:.4f} tokens/s {record['tokens_per_s']}")
         if step % config["checkpoint_every"] == 0 or step == config["steps"]:
+            saving = time.perf_counter()
             save_checkpoint(checkpoints, step, model, optimizer, scheduler, position, rank, world, barrier)
+            event(out, rank, "checkpoint_saved", step=step, seconds=round(time.perf_counter() - saving, 4))
     if rank == 0:
         writer.close()
         metrics.close()
@@ -332,6 +336,13 @@ def train(config):
     barrier()  # rank 0 once aborted at exit without it (see shared reference)
     if world > 1:
         dist.destroy_process_group()
+
+
+def event(out, rank, name, **values):
+    """One line in events.jsonl (rank 0): checkpoint saves and resumes, with their durations."""
+    if rank == 0:
+        with (out / "events.jsonl").open("a") as handle:
+            handle.write(json.dumps({"event": name, "time": time.time(), **values}) + "\n")
 
 
 def log(rank, message):

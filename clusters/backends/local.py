@@ -241,6 +241,12 @@ class LocalBackend(Backend):
         paths.secrets.mkdir(mode=0o700, exist_ok=True)
         write_secret(paths.munge_key, 128)
         write_secret(paths.jwt_key, 32)
+        blocked = [str(p) for p in paths.root.parents if p.stat().st_mode & 0o001 == 0]
+        if blocked:
+            # slurmrestd runs as nobody and must reach slurm.conf.
+            raise PermanentBackendError(
+                f"LOCAL_CLUSTERS_DIR must be reachable by every user; {blocked[0]} is not (chmod o+x)"
+            )
         if len(str(paths.munge_socket)) > 100:
             raise PermanentBackendError(
                 f"LOCAL_CLUSTERS_DIR is too deep for munge's socket ({paths.munge_socket}); choose a shorter path"
