@@ -6,7 +6,7 @@ from django import forms
 from django.contrib import admin
 
 from .backends import all_backends
-from .models import Cluster, ClusterEvent, Node, NodePool, Operation, Partition, Project
+from .models import Cluster, ClusterEvent, Node, NodePool, Operation, Partition, Project, SlurmJob
 from .spec import SpecError, validate_spec
 
 
@@ -77,3 +77,9 @@ class OperationAdmin(admin.ModelAdmin):
 class ClusterEventAdmin(admin.ModelAdmin):
     list_display = ["created", "cluster", "level", "node", "message"]
     list_filter = ["level"]
+
+
+@admin.register(SlurmJob)
+class SlurmJobAdmin(admin.ModelAdmin):
+    list_display = ["job_id", "cluster", "name", "user", "state", "partition", "node_count", "exit_code", "seen"]
+    list_filter = ["state"]

@@ -306,3 +306,37 @@ class ClusterEvent(models.Model):
     @property
     def level_colour(self):
         return EVENT_LEVEL_COLOURS[self.level]
+
+
+class SlurmJob(models.Model):
+    """Every Slurm job the console has seen on a cluster, so the history outlives Slurm's own memory."""
+
+    cluster = models.ForeignKey(Cluster, models.CASCADE, related_name="slurm_jobs")
+    job_id = models.PositiveIntegerField()
+    name = models.CharField(max_length=200, blank=True)
+    user = models.CharField(max_length=64, blank=True)
+    state = models.CharField(max_length=32)
+    partition = models.CharField(max_length=63, blank=True)
+    nodes = models.CharField(max_length=500, blank=True)
+    node_count = models.PositiveIntegerField(default=0)
+    reason = models.CharField(max_length=200, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    submit_time = models.DateTimeField(null=True, blank=True)
+    start_time = models.DateTimeField(null=True, blank=True)
+    end_time = models.DateTimeField(null=True, blank=True)
+    seen = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-job_id"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "job_id"], name="unique_job_per_cluster")]
+
+    def __str__(self):
+        return f"{self.cluster}#{self.job_id}"
+
+    @property
+    def elapsed(self):
+        """Seconds run so far (or in all, once ended); None before it starts."""
+        if self.start_time is None:
+            return None
+        end = self.end_time if self.end_time and self.end_time > self.start_time else timezone.now()
+        return int((end - self.start_time).total_seconds())

@@ -7,7 +7,7 @@ operation with a compare-and-set, runs the backend's idempotent steps and report
 
 import logging
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from .backends import BackendError, TransientBackendError, all_backends, get_backend
 from .choices import ClusterStatus, EventLevel, NodeRole, NodeState, OperationKind, OperationStatus
-from .models import Cluster, ClusterEvent, Node, NodePool, Operation, Partition
+from .models import Cluster, ClusterEvent, Node, NodePool, Operation, Partition, SlurmJob
 from .spec import SpecError, normalize, pool_node_count, validate_spec
 from .spec.plan import cost, quota
 from .spec.validator import RESOURCE_ID
@@ -460,11 +460,49 @@ def refresh_nodes(cluster):
     return ""
 
 
-def list_jobs(cluster):
-    """(jobs, error message) from Slurm's queue."""
-    if cluster.status not in ClusterStatus.usable() | {ClusterStatus.UPDATING}:
-        return [], ""
-    try:
-        return get_backend(cluster.backend).jobs(cluster), ""
-    except (BackendError, OSError, ValueError) as exc:
-        return [], f"Slurm is not answering: {exc}"
+ACTIVE_JOB_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"}
+
+
+def list_jobs(cluster, limit=200):
+    """(jobs, error): Slurm's queue merged into the console's job history, newest first.
+
+    Jobs Slurm no longer reports (aged out, or the controller lost them) keep their last known state.
+    """
+    error = ""
+    if cluster.status in ClusterStatus.usable() | {ClusterStatus.UPDATING}:
+        try:
+            record_jobs(cluster, get_backend(cluster.backend).jobs(cluster))
+        except (BackendError, OSError, ValueError) as exc:
+            error = f"Slurm is not answering: {exc}; showing the last known jobs"
+    return list(cluster.slurm_jobs.all()[:limit]), error
+
+
+def record_jobs(cluster, jobs):
+    def when(epoch):
+        return datetime.fromtimestamp(epoch, tz=UTC) if epoch else None
+
+    now = timezone.now()
+    live = set()
+    for job in jobs:
+        live.add(job.job_id)
+        SlurmJob.objects.update_or_create(
+            cluster=cluster,
+            job_id=job.job_id,
+            defaults={
+                "name": job.name[:200],
+                "user": job.user[:64],
+                "state": job.state,
+                "partition": job.partition,
+                "nodes": job.nodes[:500],
+                "node_count": job.node_count,
+                "reason": "" if job.reason == "None" else job.reason[:200],
+                "exit_code": job.exit_code,
+                "submit_time": when(job.submit_time),
+                "start_time": when(job.start_time),
+                "end_time": when(job.end_time) if job.state not in ACTIVE_JOB_STATES else None,
+                "seen": now,
+            },
+        )
+    cluster.slurm_jobs.filter(state__in=ACTIVE_JOB_STATES).exclude(job_id__in=live).update(
+        state="UNKNOWN", reason="Slurm no longer reports this job"
+    )

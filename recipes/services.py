@@ -82,6 +82,8 @@ def validate_launch(cluster, data):
         errors["partition"] = [f"the cluster has no partition '{partition}'"]
     nodes = to_int(data.get("nodes", profile["nodes"] if profile else 1), "nodes", errors, minimum=1)
     steps = to_int(data.get("steps", profile["steps"] if profile else 1), "steps", errors, minimum=1)
+    if recipe and recipe["kind"] == "rl" and profile_name == "tiny" and nodes and nodes > 1:
+        errors.setdefault("nodes", []).append("the tiny RL (DPO) profile runs on one node")
     if shape and nodes is not None and nodes > shape[0]:
         errors.setdefault("nodes", []).append(f"partition '{partition}' has {shape[0]} nodes")
     if shape and profile and profile.get("gpus_per_node", 0) > shape[1]:
@@ -168,7 +170,7 @@ def resolve_config(launch, work_dir):
         "output_dir": str(work_dir),
         "log_every": 10,
     }
-    if recipe["kind"] == "sft":
+    if recipe["kind"] in ("sft", "rl"):
         config["dataset"] = str(Path(settings.BASE_DIR) / recipe["dataset"])
     if launch["init_from"] is not None:
         # Continued pretraining carries on the step count: it trains `steps` more after the saved step.

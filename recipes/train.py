@@ -350,11 +350,118 @@ def log(rank, message):
         print(f"[train] {message}", flush=True)
 
 
+def train_rl(config):
+    """DPO with TRL on the shipped preference set: one process (the tiny RL profile runs on one node)."""
+    import copy
+
+    import torch
+    from datasets import Dataset
+    from tokenizers import ByteLevelBPETokenizer
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from trl import DPOConfig, DPOTrainer
+
+    out = Path(config["output_dir"])
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    rows = [json.loads(line) for line in Path(config["dataset"]).read_text().splitlines() if line.strip()]
+    # A byte-level BPE trained on the shipped text: nothing comes from a hub.
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        [corpus(seed=config["data_seed"]), *(r["prompt"] + r["chosen"] for r in rows)],
+        vocab_size=512,
+        min_frequency=2,
+        special_tokens=["<s>", "</s>", "<pad>"],
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    shape = config["model"]
+    torch.manual_seed(config["seed"])
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=512,
+            hidden_size=shape["hidden_size"],
+            intermediate_size=shape["intermediate_size"],
+            num_hidden_layers=shape["layers"],
+            num_attention_heads=shape["heads"],
+            num_key_value_heads=shape.get("kv_heads", shape["heads"]),
+            max_position_embeddings=config["seq_len"] * 2,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    writer = SummaryWriter(str(out / "tensorboard"))
+    metrics = (out / "metrics.jsonl").open("a")
+    started = time.perf_counter()
+
+    class Metrics(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "loss" not in logs:
+                return
+            elapsed = time.perf_counter() - started
+            record = {
+                "step": state.global_step,
+                "loss": round(float(logs["loss"]), 6),
+                "lr": float(logs.get("learning_rate", 0)),
+                "grad_norm": round(float(logs.get("grad_norm", 0)), 6),
+                "reward_margin": round(float(logs.get("rewards/margins", 0)), 6),
+                "tokens_per_s": round(float(logs.get("num_tokens", 0)) / elapsed, 1) if elapsed else 0.0,
+                "time": time.time(),
+            }
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+            for key in ("loss", "lr", "grad_norm", "reward_margin"):
+                writer.add_scalar(f"train/{key}", record[key], record["step"])
+            if record["step"] % config.get("log_every", 10) == 0:
+                print(
+                    f"[train] step {record['step']} loss {record['loss']:.4f} margin {record['reward_margin']:.4f}",
+                    flush=True,
+                )
+
+    args = DPOConfig(
+        output_dir=str(out / "trl"),
+        per_device_train_batch_size=config["micro_batch"],
+        max_steps=config["steps"],
+        learning_rate=config["lr"],
+        use_cpu=True,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        beta=0.1,
+        max_length=config["seq_len"],
+        seed=config["seed"],
+        disable_tqdm=True,
+    )
+    trainer = DPOTrainer(
+        model=model,
+        ref_model=copy.deepcopy(model),  # an in-memory model needs its reference passed (see shared reference)
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[Metrics()],
+    )
+    result = trainer.train()
+    final = out / "checkpoints" / f"step-{config['steps']}"
+    final.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict()}, final / "state.pt")
+    (final / "meta.json").write_text(json.dumps({"step": config["steps"], "position": 0, "world": 1}))
+    tokenizer.save_pretrained(final / "tokenizer")
+    writer.close()
+    metrics.close()
+    (out / "result.json").write_text(json.dumps({"step": config["steps"], "final_loss": result.training_loss}))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", help="the run's resolved config (JSON)")
     args = parser.parse_args(argv)
-    train(json.loads(Path(args.config).read_text()))
+    config = json.loads(Path(args.config).read_text())
+    if config["kind"] == "rl":
+        if int(os.environ.get("SLURM_PROCID", "0")) == 0:
+            train_rl(config)
+        return
+    train(config)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,14 @@ def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, sl
     assert nodes_html.count(">idle<") == 2
     assert str(job_id) in client.get("/clusters/alpha/demo/jobs/").content.decode()
 
-    cluster = apply(alice_api, example_spec(cpu=3))
+    # Job history outlives the controller: with slurmctld stopped the console still lists the job.
+    processes.stop(processes.find_pids("slurmctld", str(paths.conf)))
+    response = alice_api.get(f"{CLUSTERS}demo/jobs/")
+    assert "Slurm is not answering" in response["Warning"]
+    assert next(j for j in response.json() if j["job_id"] == job_id)["state"] == "COMPLETED"
+    assert "last known jobs" in client.get("/clusters/alpha/demo/jobs/").content.decode()
+
+    cluster = apply(alice_api, example_spec(cpu=3))  # also starts slurmctld again
     assert idle_nodes(cluster) == ["cpu-0", "cpu-1", "cpu-2"]
     assert len(slurmd_pids(cluster, "cpu-0")) == 1
 

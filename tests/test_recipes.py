@@ -89,7 +89,7 @@ def test_the_catalog_has_llama_and_gemma_recipes_of_every_kind():
         ("gemma", "9B"),
         ("gemma", "27B"),
     } <= sizes
-    assert {"pretrain", "cpt", "sft"} <= {r["kind"] for r in catalog.values()}
+    assert {"pretrain", "cpt", "sft", "rl"} <= {r["kind"] for r in catalog.values()}
     for recipe in catalog.values():
         assert recipe["profiles"]["tiny"]["nodes"] >= 1
         assert recipe["profiles"]["full"]["gpus_per_node"] == recipe["hardware"]["gpus_per_node"]
@@ -104,6 +104,7 @@ def test_the_catalog_has_llama_and_gemma_recipes_of_every_kind():
         ({"steps": -5}, "steps", "must be at least 1"),
         ({"partition": "gpu"}, "partition", "no partition 'gpu'"),
         ({"recipe": "llama3.1-8b-cpt"}, "init_from", "give its id"),
+        ({"recipe": "llama3.1-8b-dpo", "nodes": 2}, "nodes", "runs on one node"),
     ],
 )
 def test_it_refuses_a_bad_launch_with_field_reasons_and_submits_nothing(rita_api, body, field, reason):
@@ -174,6 +175,15 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     sft = finished(rita_api, response.json()["id"])
     assert sft["status"] == "COMPLETED", sft
     assert losses(sft)[-1]["step"] == 15
+
+    # RL: DPO with TRL on the shipped preference set; the policy learns to prefer the chosen answers.
+    response = launch(rita_api, recipe="llama3.1-8b-dpo", nodes=1, steps=12)
+    assert response.status_code == 201, response.content
+    dpo = finished(rita_api, response.json()["id"])
+    assert dpo["status"] == "COMPLETED", dpo
+    rows = losses(dpo)
+    assert rows[-1]["step"] == 12
+    assert rows[-1]["reward_margin"] > 0
 
 
 def test_cancelling_a_run_cancels_its_slurm_job(rita_api, train_cluster):

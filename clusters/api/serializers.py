@@ -2,7 +2,7 @@
 
 from rest_framework import serializers
 
-from ..models import Cluster, ClusterEvent, Node, NodePool, Operation, Project
+from ..models import Cluster, ClusterEvent, Node, NodePool, Operation, Project, SlurmJob
 
 
 class ProjectSerializer(serializers.ModelSerializer):
@@ -97,13 +97,12 @@ class EventSerializer(serializers.ModelSerializer):
         fields = ["created", "level", "node", "message", "operation"]
 
 
-class JobSerializer(serializers.Serializer):
-    job_id = serializers.IntegerField()
-    name = serializers.CharField()
-    user = serializers.CharField()
-    state = serializers.CharField()
-    partition = serializers.CharField()
-    nodes = serializers.CharField()
-    node_count = serializers.IntegerField()
-    reason = serializers.CharField()
-    exit_code = serializers.IntegerField(allow_null=True)
+class JobSerializer(serializers.ModelSerializer):
+    elapsed_s = serializers.IntegerField(source="elapsed", allow_null=True)
+
+    class Meta:
+        model = SlurmJob
+        fields = [
+            "job_id", "name", "user", "state", "partition", "nodes", "node_count", "reason", "exit_code",
+            "submit_time", "start_time", "end_time", "elapsed_s",
+        ]  # fmt: skip

@@ -1,11 +1,8 @@
 """The console's own REST API: projects, clusters, operations, nodes, jobs and events."""
 
-from dataclasses import asdict
-
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -22,11 +19,6 @@ from .serializers import (
     OperationSerializer,
     ProjectSerializer,
 )
-
-
-class ServiceUnavailable(APIException):
-    status_code = 503
-    default_detail = "Slurm is not answering."
 
 
 def project_for(request, slug):
@@ -142,10 +134,12 @@ class ClusterNodes(APIView):
 class ClusterJobs(APIView):
     @extend_schema(responses=JobSerializer(many=True))
     def get(self, request, project, cluster):
+        """Every job seen on the cluster, newest first; the last known states when Slurm is unreachable."""
         jobs, error = services.list_jobs(cluster_for(request, project, cluster))
+        response = Response(JobSerializer(jobs, many=True).data)
         if error:
-            raise ServiceUnavailable(error)
-        return Response([asdict(job) for job in jobs])
+            response["Warning"] = '199 - "Slurm is not answering; last known states"'
+        return response
 
 
 class ClusterEvents(generics.ListAPIView):

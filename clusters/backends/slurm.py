@@ -20,8 +20,19 @@ def run_client(conf, *args, timeout=20, check=True):
     return result
 
 
-def parse_sinfo(text):
+def load(text, command):
+    """The JSON a Slurm command printed; its "errors" (exit status 0 all the same) become an exception."""
     data = json.loads(text)
+    errors = data.get("errors") or []
+    if errors:
+        first = errors[0]
+        detail = first.get("description") or first.get("error") or "unknown error"
+        raise TransientBackendError(f"{command} failed: {detail} ({first.get('error', '')})")
+    return data
+
+
+def parse_sinfo(text):
+    data = load(text, "sinfo")
     return [
         NodeStatus(
             name=node["name"],
@@ -44,7 +55,7 @@ def _number(value):
 
 
 def parse_squeue(text):
-    data = json.loads(text)
+    data = load(text, "squeue")
     jobs = []
     for job in data.get("jobs", []):
         state = job.get("job_state")
