@@ -164,6 +164,7 @@ def resolve_config(launch, work_dir):
         "micro_batch": profile["micro_batch"],
         "lr": profile.get("lr", 3e-4),
         "steps": launch["steps"],
+        "precision": recipe["precision"] if launch["profile_name"] == "full" else "fp32",
         "checkpoint_every": profile.get("checkpoint_every", recipe["checkpoint_every"]),
         "seed": 7,
         "data_seed": 1234,

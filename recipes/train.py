@@ -105,8 +105,10 @@ def build_model(config):
     from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
 
     shape = config["model"]
+    # The tiny profiles use bytes as tokens; the real ones keep the model's own vocabulary size, and
+    # the byte ids are a subset of it.
     common = {
-        "vocab_size": ByteTokenizer.vocab_size,
+        "vocab_size": shape.get("vocab_size", ByteTokenizer.vocab_size),
         "hidden_size": shape["hidden_size"],
         "intermediate_size": shape["intermediate_size"],
         "num_hidden_layers": shape["layers"],
@@ -119,7 +121,9 @@ def build_model(config):
     }
     torch.manual_seed(config["seed"])
     if config["family"] == "gemma":
-        return Gemma2ForCausalLM(Gemma2Config(**common, head_dim=shape["hidden_size"] // shape["heads"]))
+        return Gemma2ForCausalLM(
+            Gemma2Config(**common, head_dim=shape.get("head_dim", shape["hidden_size"] // shape["heads"]))
+        )
     return LlamaForCausalLM(LlamaConfig(**common))
 
 
@@ -239,6 +243,7 @@ def train(config):
 
     rank, world, local_rank = dist_env()
     use_gpu = torch.cuda.is_available() and config.get("device", "auto") != "cpu"
+    dtype = torch.bfloat16 if use_gpu and config.get("precision") in ("bf16", "fp8") else torch.float32
     if world > 1:
         dist.init_process_group("nccl" if use_gpu else "gloo", rank=rank, world_size=world)
     device = torch.device(f"cuda:{local_rank}" if use_gpu else "cpu")
@@ -251,7 +256,7 @@ def train(config):
     out = Path(config["output_dir"])
     checkpoints = out / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
-    model = build_model(config).to(device)
+    model = build_model(config).to(device=device, dtype=dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=0.0)
     warmup = max(1, config["steps"] // 10)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -172,9 +172,13 @@ def celery_worker(redis_broker, tmp_path_factory):
 def slurm_cleanup():
     """Stop every daemon of the test clusters and remove their directories when the module ends."""
     yield
+    stop_local_clusters()
+
+
+def stop_local_clusters():
+    """Stop every process of the test clusters (jobs, slurmrestd, slurmd, slurmctld, munged) and remove them."""
     root = str(settings.LOCAL_CLUSTERS_DIR)
-    for name in ("slurmd", "slurmctld", "munged"):
-        processes.stop(processes.find_pids(name, root))
+    processes.stop([pid for pid, argv in processes.command_lines() if any(root in arg for arg in argv)])
     shutil.rmtree(root, ignore_errors=True)
 
 

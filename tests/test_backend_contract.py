@@ -4,8 +4,6 @@ Operations run in-process through the service layer (the Celery path is tested e
 what differs between the backends is only how a test looks at what exists.
 """
 
-import shutil
-
 import pytest
 from django.conf import settings
 
@@ -14,7 +12,7 @@ from clusters.backends import get_backend, processes
 from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Cluster, Operation
 
-from .conftest import example_spec
+from .conftest import example_spec, stop_local_clusters
 from .fake_compute import FakeGoogleCloud
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slurm]
@@ -36,7 +34,9 @@ class LocalHarness:
     def leftovers(self, cluster):
         paths = get_backend("local").paths(cluster)
         found = [
-            f"{name} process" for name in ("slurmd", "slurmctld") for _ in processes.find_pids(name, str(paths.conf))
+            f"{name} process"
+            for name in ("slurmd", "slurmctld", "slurmrestd")
+            for _ in processes.find_pids(name, str(paths.conf))
         ]
         found += ["munged process" for _ in processes.find_pids("munged", str(paths.munge_socket))]
         return found + ([str(paths.root)] if paths.root.exists() else [])
@@ -91,10 +91,7 @@ class GceHarness:
 def harness(request, settings, alpha):
     if request.param == "local":
         yield LocalHarness()
-        root = str(settings.LOCAL_CLUSTERS_DIR)
-        for name in ("slurmd", "slurmctld", "munged"):
-            processes.stop(processes.find_pids(name, root))
-        shutil.rmtree(root, ignore_errors=True)
+        stop_local_clusters()
     else:
         fake = request.getfixturevalue("fake_cloud")
         fake.configure(settings)

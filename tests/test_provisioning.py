@@ -97,6 +97,7 @@ def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, sl
     assert not paths.root.exists()
     conf = str(paths.conf)
     assert processes.find_pids("slurmd", conf) == processes.find_pids("slurmctld", conf) == []
+    assert processes.find_pids("slurmrestd", conf) == []
     assert processes.find_pids("munged", str(paths.munge_socket)) == []
 
 

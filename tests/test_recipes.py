@@ -5,12 +5,10 @@ an outsider.
 """
 
 import json
-import shutil
 import time
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 
 from clusters import services as cluster_services
 from clusters.backends import processes
@@ -19,7 +17,7 @@ from clusters.models import Cluster, Project
 from recipes.catalog import recipes
 from recipes.models import Run, RunStatus
 
-from .conftest import api_client_for, example_spec
+from .conftest import api_client_for, example_spec, stop_local_clusters
 
 pytestmark = pytest.mark.django_db
 RUNS = "/api/v1/projects/rlab/clusters/train/runs/"
@@ -42,10 +40,7 @@ def train_cluster(django_db_setup, django_db_blocker):
     from recipes import tensorboard
 
     tensorboard.stop(cluster)
-    root = str(settings.LOCAL_CLUSTERS_DIR)
-    for name in ("slurmd", "slurmctld", "munged"):
-        processes.stop(processes.find_pids(name, root))
-    shutil.rmtree(root, ignore_errors=True)
+    stop_local_clusters()
     with django_db_blocker.unblock():
         Run.objects.all().delete()
         project.delete()
@@ -257,3 +252,29 @@ def test_it_refuses_a_slurmrestd_call_it_does_not_forward(rita_api, body, field)
 def test_charlie_cannot_call_ritas_slurmrestd(train_cluster, charlie_api):
     response = charlie_api.post(SLURM_REST, {"method": "HTTP_METHOD_GET", "path": "/slurm/v0.0.38/jobs"}, format="json")
     assert response.status_code == 403
+
+
+def test_a_run_whose_job_fails_shows_its_failing_lines_and_exit_code(rita_api, client, train_cluster):
+    import os
+    import signal
+
+    run = launch(rita_api, steps=100000, nodes=1).json()
+    metrics = Path(run["work_dir"]) / "metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while not metrics.exists():
+        assert time.monotonic() < deadline, "the run never logged a step"
+        time.sleep(0.5)
+    # The training process dies (as on a hardware fault): srun reports it and the job fails.
+    config = str(Path(run["work_dir"]) / "config.json")
+    trainers = [pid for pid, argv in processes.command_lines() if config in argv and "srun" not in Path(argv[0]).name]
+    assert trainers
+    for pid in trainers:
+        os.kill(pid, signal.SIGKILL)
+    done = finished(rita_api, run["id"], timeout=60)
+    assert done["status"] == "FAILED", done
+    assert done["exit_code"] not in (None, 0)
+    assert "exit code" in done["error"]
+    client.force_login(train_cluster.project.members.get())
+    page = client.get(f"/clusters/rlab/train/runs/{run['id']}/").content.decode()
+    assert "Killed" in page or "killed" in page  # srun's own line about the task
+    assert "exit code" in page

@@ -9,7 +9,7 @@ KINDS = ("pretrain", "cpt", "sft", "rl")
 FAMILIES = ("llama", "gemma")
 REQUIRED = {
     "id", "name", "family", "size", "kind", "hardware", "parallelism", "batch", "precision",
-    "dataset", "checkpoint_every", "throughput_target", "source", "profiles",
+    "dataset", "checkpoint_every", "throughput_target", "source", "profiles", "architecture",
 }  # fmt: skip
 TINY = {"hidden_size", "intermediate_size", "layers", "heads", "seq_len", "micro_batch", "lr", "nodes", "steps"}
 
@@ -33,7 +33,12 @@ def check(recipe, path):
         raise CatalogError(f"{path.name}: tiny hidden_size must divide by heads")
     hardware = recipe["hardware"]
     # The real profile is the recipe's own hardware, batch and parallelism.
+    architecture = recipe["architecture"]
+    if architecture["hidden_size"] % architecture["heads"] and "head_dim" not in architecture:
+        raise CatalogError(f"{path.name}: architecture hidden_size must divide by heads, or give head_dim")
     recipe["profiles"]["full"] = {
+        **{k: v for k, v in architecture.items() if k != "source"},
+        "lr": 3e-4,
         "nodes": hardware["nodes"],
         "gpus_per_node": hardware["gpus_per_node"],
         "seq_len": recipe["batch"]["seq_len"],
