@@ -11,7 +11,7 @@ from clusters.services import ConsoleError
 
 from . import services
 from .catalog import recipes
-from .models import Run
+from .models import ModelVersion, Run
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -35,7 +35,9 @@ class LaunchSerializer(serializers.Serializer):
     partition = serializers.CharField(required=False, allow_blank=True, default="")
     nodes = serializers.IntegerField(required=False)
     steps = serializers.IntegerField(required=False)
-    init_from = serializers.UUIDField(required=False, allow_null=True)
+    init_from = serializers.CharField(
+        required=False, allow_null=True, help_text="A run id, or a registered model version as name:vN"
+    )
 
 
 class RecipeList(APIView):
@@ -80,3 +82,34 @@ class RunCancel(APIView):
         except ConsoleError as exc:
             return console_error_response(exc)
         return Response(RunSerializer(found).data)
+
+
+class ModelVersionSerializer(serializers.ModelSerializer):
+    run = serializers.UUIDField(source="run.uuid")
+
+    class Meta:
+        model = ModelVersion
+        fields = ["name", "version", "family", "step", "final_loss", "checkpoint", "run", "created"]
+
+
+class RunRegister(APIView):
+    @extend_schema(request=None, responses={201: ModelVersionSerializer})
+    def post(self, request, project, cluster, run):
+        found = get_object_or_404(Run, cluster=cluster_for(request, project, cluster), uuid=run)
+        name = request.data.get("name", "") if isinstance(request.data, dict) else ""
+        try:
+            version = services.register_model(run=found, name=name, user=request.user)
+        except services.LaunchError as exc:
+            return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
+        except ConsoleError as exc:
+            return console_error_response(exc)
+        return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+
+class ModelVersionList(APIView):
+    @extend_schema(responses=ModelVersionSerializer(many=True))
+    def get(self, request, project):
+        from clusters.api.views import project_for
+
+        versions = ModelVersion.objects.filter(project=project_for(request, project)).select_related("run")
+        return Response(ModelVersionSerializer(versions, many=True).data)

@@ -82,3 +82,25 @@ class Run(models.Model):
             for key, value in fields.items():
                 setattr(self, key, value)
         return bool(moved)
+
+
+class ModelVersion(models.Model):
+    """A trained model registered from a run's checkpoint: name + version, within a project."""
+
+    project = models.ForeignKey("clusters.Project", models.CASCADE, related_name="model_versions")
+    name = models.SlugField(max_length=100)
+    version = models.PositiveIntegerField()
+    run = models.ForeignKey(Run, models.PROTECT, related_name="model_versions")
+    family = models.CharField(max_length=20)
+    checkpoint = models.CharField(max_length=500)
+    step = models.PositiveIntegerField()
+    final_loss = models.FloatField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name", "-version"]
+        constraints = [models.UniqueConstraint(fields=["project", "name", "version"], name="unique_model_version")]
+
+    def __str__(self):
+        return f"{self.name} v{self.version}"

@@ -20,7 +20,7 @@ from clusters.choices import EventLevel, NodeRole
 from clusters.services import Conflict, ConsoleError, record_event
 
 from .catalog import get_recipe, recipes
-from .models import Run, RunStatus
+from .models import ModelVersion, Run, RunStatus
 
 
 class LaunchError(ConsoleError):
@@ -109,11 +109,20 @@ def validate_launch(cluster, data):
     }
 
 
-def checkpoint_source(cluster, recipe, run_id):
-    """(run, problem): the run continued pretraining starts from, or why it cannot."""
-    run = Run.objects.filter(uuid=run_id, cluster__project=cluster.project).first() if is_uuid(run_id) else None
+def checkpoint_source(cluster, recipe, source):
+    """(run, problem): the run continued pretraining starts from (given as a run id or a registered
+    model version, "name:vN"), or why it cannot."""
+    run = None
+    if is_uuid(source):
+        run = Run.objects.filter(uuid=source, cluster__project=cluster.project).first()
+    elif isinstance(source, str) and ":v" in source:
+        name, _, number = source.rpartition(":v")
+        version = ModelVersion.objects.filter(
+            project=cluster.project, name=name, version=int(number) if number.isdigit() else -1
+        ).first()
+        run = version.run if version else None
     if run is None:
-        return None, "continued pretraining starts from a run of this project: give its id"
+        return None, "continued pretraining starts from a run of this project or a registered model (name:vN)"
     family = get_recipe(run.recipe_id)["family"]
     if family != recipe["family"]:
         return None, f"that checkpoint is a {family} model; this recipe trains {recipe['family']}"
@@ -353,3 +362,40 @@ def summary(run):
 def refresh_active_runs():
     for run in Run.objects.filter(status__in=RunStatus.active()).select_related("cluster"):
         refresh_run(run)
+
+
+def register_model(*, run, name, user=None):
+    """Register a completed run's last checkpoint as the next version of `name` in its project."""
+    from django.db.models import Max
+
+    from clusters.spec.validator import RESOURCE_ID
+
+    if not isinstance(name, str) or not RESOURCE_ID.match(name):
+        raise LaunchError({"name": ["must be lowercase letters, digits and hyphens, starting with a letter"]})
+    if run.status != RunStatus.COMPLETED:
+        raise Conflict("Only a completed run can be registered")
+    checkpoint = latest_checkpoint(run)
+    if checkpoint is None:
+        raise Conflict("The run left no checkpoint")
+    result = Path(run.work_dir) / "result.json"
+    final_loss = json.loads(result.read_text()).get("final_loss") if result.exists() else None
+    project = run.cluster.project
+    with transaction.atomic():
+        latest = (
+            ModelVersion.objects.select_for_update().filter(project=project, name=name).aggregate(v=Max("version"))["v"]
+        )
+        version = ModelVersion.objects.create(
+            project=project,
+            name=name,
+            version=(latest or 0) + 1,
+            run=run,
+            family=get_recipe(run.recipe_id)["family"],
+            checkpoint=str(checkpoint),
+            step=json.loads((checkpoint / "meta.json").read_text())["step"],
+            final_loss=final_loss,
+            created_by=user,
+        )
+        record_event(
+            run.cluster, f"Registered {name} v{version.version} from run {run.recipe_id} (step {version.step})"
+        )
+    return version

@@ -13,7 +13,7 @@ from console.htmx import render_fragment
 from . import services
 from .catalog import recipes
 from .charts import line_chart
-from .models import Run
+from .models import ModelVersion, Run
 
 FIELDS = ("recipe", "profile", "partition", "nodes", "steps", "init_from")
 
@@ -47,6 +47,7 @@ def run_new(request, project, name):
         "recipes": recipes().values(),
         "partitions": cluster.partitions.all(),
         "previous_runs": Run.objects.filter(cluster__project=cluster.project).exclude(status="FAILED")[:20],
+        "model_versions": ModelVersion.objects.filter(project=cluster.project)[:50],
         "form": form,
         "errors": errors,
         "script": script,
@@ -56,7 +57,8 @@ def run_new(request, project, name):
 
 def run_detail(request, project, name, run_id):
     run = services.refresh_run(run_for(request, project, name, run_id))
-    return render(request, "recipes/run_detail.html", {"run": run, "cluster": run.cluster, **run_context(run)})
+    context = {"run": run, "cluster": run.cluster, "versions": run.model_versions.all(), **run_context(run)}
+    return render(request, "recipes/run_detail.html", context)
 
 
 def run_live(request, project, name, run_id):
@@ -75,6 +77,22 @@ def run_context(run):
         "log": services.log_tail(run),
         "progress": round(100 * rows[-1]["step"] / run.steps) if rows else 0,
     }
+
+
+@require_POST
+def run_register(request, project, name, run_id):
+    run = run_for(request, project, name, run_id)
+    try:
+        version = services.register_model(run=run, name=request.POST.get("model_name", "").strip(), user=request.user)
+    except services.LaunchError as exc:
+        messages.error(request, "; ".join(m for msgs in exc.errors.values() for m in msgs))
+    except ConsoleError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(
+            request, f"Registered {version.name} v{version.version}; continued pretraining can start from it."
+        )
+    return redirect(run)
 
 
 @require_POST

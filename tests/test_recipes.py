@@ -98,7 +98,7 @@ def test_the_catalog_has_llama_and_gemma_recipes_of_every_kind():
         ({"nodes": 3}, "nodes", "partition 'cpu' has 2 nodes"),
         ({"steps": -5}, "steps", "must be at least 1"),
         ({"partition": "gpu"}, "partition", "no partition 'gpu'"),
-        ({"recipe": "llama3.1-8b-cpt"}, "init_from", "give its id"),
+        ({"recipe": "llama3.1-8b-cpt"}, "init_from", "a registered model (name:vN)"),
         ({"recipe": "llama3.1-8b-dpo", "nodes": 2}, "nodes", "runs on one node"),
     ],
 )
@@ -148,8 +148,12 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     client.logout()
     assert client.get("/clusters/rlab/train/tensorboard/data/runs")["Location"].startswith("/accounts/login/")
 
-    # Continued pretraining starts from that checkpoint, at its step.
-    response = launch(rita_api, recipe="llama3.1-8b-cpt", steps=10, init_from=run["id"])
+    # Register it; continued pretraining starts from that model version, at its step.
+    registered = rita_api.post(f"{RUNS}{run['id']}/register/", {"name": "llama-tiny"}, format="json")
+    assert registered.status_code == 201, registered.content
+    assert registered.json()["version"] == 1 and registered.json()["step"] == 40
+    assert rita_api.get("/api/v1/projects/rlab/models/").json()[0]["name"] == "llama-tiny"
+    response = launch(rita_api, recipe="llama3.1-8b-cpt", steps=10, init_from="llama-tiny:v1")
     assert response.status_code == 201, response.content
     cpt = finished(rita_api, response.json()["id"])
     assert cpt["status"] == "COMPLETED", cpt

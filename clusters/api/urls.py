@@ -15,6 +15,12 @@ urlpatterns = [
     path("projects/<slug:project>/clusters/<slug:cluster>/events/", views.ClusterEvents.as_view(), name="api-events"),
     path("projects/<slug:project>/operations/<uuid:operation>/", views.OperationDetail.as_view(), name="api-operation"),
     path("recipes/", recipes_api.RecipeList.as_view(), name="api-recipes"),
+    path("projects/<slug:project>/models/", recipes_api.ModelVersionList.as_view(), name="api-models"),
+    path(
+        "projects/<slug:project>/clusters/<slug:cluster>/runs/<uuid:run>/register/",
+        recipes_api.RunRegister.as_view(),
+        name="api-run-register",
+    ),
     path("projects/<slug:project>/clusters/<slug:cluster>/runs/", recipes_api.RunList.as_view(), name="api-runs"),
     path(
         "projects/<slug:project>/clusters/<slug:cluster>/runs/<uuid:run>/",
