@@ -340,3 +340,30 @@ class SlurmJob(models.Model):
             return None
         end = self.end_time if self.end_time and self.end_time > self.start_time else timezone.now()
         return int((end - self.start_time).total_seconds())
+
+
+class HealthResult(models.Model):
+    """One check's result on one node in one scan (an Operation of kind SCAN)."""
+
+    operation = models.ForeignKey(Operation, models.CASCADE, related_name="health_results")
+    cluster = models.ForeignKey(Cluster, models.CASCADE, related_name="health_results")
+    node = models.CharField(max_length=100)
+    check_name = models.CharField(max_length=50)
+    status = models.CharField(max_length=10)
+    values = models.JSONField(default=dict)
+    threshold = models.JSONField(default=dict)
+    reason = models.CharField(max_length=500, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["node", "check_name"]
+        constraints = [
+            models.UniqueConstraint(fields=["operation", "node", "check_name"], name="unique_result_per_scan")
+        ]
+
+    def __str__(self):
+        return f"{self.node} {self.check_name}: {self.status}"
+
+    @property
+    def colour(self):
+        return {"pass": "green", "warn": "amber", "fail": "red"}.get(self.status, "grey")

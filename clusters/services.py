@@ -356,6 +356,11 @@ def run_operation(operation_id, stale_after=None):
         if operation.kind == OperationKind.DELETE:
             run_steps(operation, backend.delete_steps(cluster))
             finish_delete(operation)
+        elif operation.kind == OperationKind.SCAN:
+            from .health import scans
+
+            run_steps(operation, scans.scan_steps(operation))
+            finish_scan(operation)
         else:
             cluster.wanted_nodes().filter(state=NodeState.PENDING).update(state=NodeState.PROVISIONING)
             run_steps(operation, backend.apply_steps(cluster))
@@ -395,6 +400,16 @@ def finish_apply(operation):
     record_event(cluster, f"{verb}: {count} compute node{'s' if count != 1 else ''} idle in Slurm", operation=operation)
 
 
+def finish_scan(operation):
+    from .health.scans import summary
+
+    operation.finish(OperationStatus.SUCCEEDED)
+    message, failing = summary(operation)
+    record_event(
+        operation.cluster, message, level=EventLevel.WARNING if failing else EventLevel.INFO, operation=operation
+    )
+
+
 def finish_delete(operation):
     cluster = operation.cluster
     cluster.nodes.all().delete()
@@ -409,7 +424,9 @@ def fail_operation(operation_id, message):
     if not operation.finish(OperationStatus.FAILED, error=message):
         return
     cluster = operation.cluster
-    if operation.kind == OperationKind.UPDATE:
+    if operation.kind == OperationKind.SCAN:
+        pass  # a failed scan says nothing about the cluster's own state; the event below says why
+    elif operation.kind == OperationKind.UPDATE:
         cluster.set_status(ClusterStatus.DEGRADED, expected=[ClusterStatus.UPDATING], message=message)
     else:
         busy = ClusterStatus.PROVISIONING if operation.kind == OperationKind.CREATE else ClusterStatus.DELETING

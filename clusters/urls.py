@@ -20,5 +20,7 @@ urlpatterns = [
     path("<slug:project>/<slug:name>/jobs/", views.cluster_jobs, name="cluster-jobs"),
     path("<slug:project>/<slug:name>/events/", views.cluster_events, name="cluster-events"),
     path("<slug:project>/<slug:name>/resize/", views.cluster_resize, name="cluster-resize"),
+    path("<slug:project>/<slug:name>/health/", views.cluster_health, name="cluster-health"),
+    path("<slug:project>/<slug:name>/scan/", views.cluster_scan, name="cluster-scan"),
     path("<slug:project>/<slug:name>/delete/", views.cluster_delete, name="cluster-delete"),
 ]

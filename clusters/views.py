@@ -162,3 +162,36 @@ def status_counts(clusters):
     for cluster in clusters:
         counts[cluster.status] = counts.get(cluster.status, 0) + 1
     return [(ClusterStatus(s).label, CLUSTER_STATUS_COLOURS[s], n) for s, n in counts.items()]
+
+
+def cluster_health(request, project, name):
+    """The last scan's node x check grid (a fragment the cluster page polls)."""
+    from .health.scans import latest_results
+
+    cluster = cluster_for(request, project, name)
+    scan, grid = latest_results(cluster)
+    checks = sorted({c for row in grid.values() for c in row})
+    failing_only = request.GET.get("failing") == "1"
+    rows = [
+        (node, [row.get(c) for c in checks])
+        for node, row in sorted(grid.items())
+        if not failing_only or any(r.status in ("fail", "warn") for r in row.values())
+    ]
+    context = {"cluster": cluster, "scan": scan, "checks": checks, "rows": rows, "failing_only": failing_only}
+    return render_fragment(request, "clusters/partials/health.html", context)
+
+
+@require_POST
+def cluster_scan(request, project, name):
+    from .health.scans import ScanError, start_scan
+
+    cluster = cluster_for(request, project, name)
+    try:
+        start_scan(cluster=cluster, checks=request.POST.getlist("checks") or None, user=request.user)
+    except ScanError as exc:
+        messages.error(request, "; ".join(m for msgs in exc.errors.values() for m in msgs))
+    except services.ConsoleError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, "Health scan started.")
+    return redirect(cluster)

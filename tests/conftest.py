@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from clusters.backends import processes
-from clusters.models import Project
+from clusters.choices import ClusterStatus
+from clusters.models import Cluster, Operation, Project
 from console.models import APIToken
 
 EXAMPLE = Path(settings.BASE_DIR) / "examples" / "cluster-local-cpu.json"
@@ -173,6 +175,30 @@ def slurm_cleanup():
     """Stop every daemon of the test clusters and remove their directories when the module ends."""
     yield
     stop_local_clusters()
+
+
+@contextmanager
+def module_cluster(django_db_blocker, *, username, project_slug, cluster_name="train", cpu=2):
+    """A READY local cluster shared by a test module, committed outside the tests' transactions."""
+    from django.contrib.auth import get_user_model
+
+    from clusters import services
+
+    with django_db_blocker.unblock():
+        owner = get_user_model().objects.create_user(username, f"{username}@example.com", f"{username}-password")
+        project = Project.objects.create(slug=project_slug, name=project_slug)
+        project.members.add(owner)
+        operation = services.create_cluster(project=project, name=cluster_name, spec=example_spec(cpu=cpu), user=owner)
+        services.run_operation(operation.pk)
+        cluster = Cluster.objects.get(pk=operation.cluster_id)
+        assert cluster.status == ClusterStatus.READY, Operation.objects.get(pk=operation.pk).error
+    try:
+        yield cluster
+    finally:
+        stop_local_clusters()
+        with django_db_blocker.unblock():
+            project.delete()
+            owner.delete()
 
 
 def stop_local_clusters():

@@ -10,14 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from clusters import services as cluster_services
 from clusters.backends import processes
-from clusters.choices import ClusterStatus
-from clusters.models import Cluster, Project
 from recipes.catalog import recipes
-from recipes.models import Run, RunStatus
+from recipes.models import ModelVersion, Run, RunStatus
 
-from .conftest import api_client_for, example_spec, stop_local_clusters
+from .conftest import api_client_for, module_cluster
 
 pytestmark = pytest.mark.django_db
 RUNS = "/api/v1/projects/rlab/clusters/train/runs/"
@@ -25,26 +22,14 @@ RUNS = "/api/v1/projects/rlab/clusters/train/runs/"
 
 @pytest.fixture(scope="module")
 def train_cluster(django_db_setup, django_db_blocker):
-    """A READY 2-node local cluster for the whole module, committed outside the tests' transactions."""
-    from django.contrib.auth import get_user_model
+    with module_cluster(django_db_blocker, username="rita", project_slug="rlab") as cluster:
+        yield cluster
+        from recipes import tensorboard
 
-    with django_db_blocker.unblock():
-        rita = get_user_model().objects.create_user("rita", "rita@example.com", "rita-password")
-        project = Project.objects.create(slug="rlab", name="Recipes lab")
-        project.members.add(rita)
-        operation = cluster_services.create_cluster(project=project, name="train", spec=example_spec(cpu=2), user=rita)
-        cluster_services.run_operation(operation.pk)
-        cluster = Cluster.objects.get(pk=operation.cluster_id)
-        assert cluster.status == ClusterStatus.READY
-    yield cluster
-    from recipes import tensorboard
-
-    tensorboard.stop(cluster)
-    stop_local_clusters()
-    with django_db_blocker.unblock():
-        Run.objects.all().delete()
-        project.delete()
-        rita.delete()
+        tensorboard.stop(cluster)
+        with django_db_blocker.unblock():
+            ModelVersion.objects.all().delete()
+            Run.objects.all().delete()
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from rest_framework import serializers
 
-from ..models import Cluster, ClusterEvent, Node, NodePool, Operation, Project, SlurmJob
+from ..models import Cluster, ClusterEvent, HealthResult, Node, NodePool, Operation, Project, SlurmJob
 
 
 class ProjectSerializer(serializers.ModelSerializer):
@@ -106,3 +106,22 @@ class JobSerializer(serializers.ModelSerializer):
             "job_id", "name", "user", "state", "partition", "nodes", "node_count", "reason", "exit_code",
             "submit_time", "start_time", "end_time", "elapsed_s",
         ]  # fmt: skip
+
+
+class ScanRequestSerializer(serializers.Serializer):
+    checks = serializers.ListField(child=serializers.CharField(), required=False, allow_empty=False)
+
+
+class HealthResultSerializer(serializers.ModelSerializer):
+    check = serializers.CharField(source="check_name")
+
+    class Meta:
+        model = HealthResult
+        fields = ["node", "check", "status", "values", "threshold", "reason"]
+
+
+class ScanSerializer(OperationSerializer):
+    results = HealthResultSerializer(source="health_results", many=True)
+
+    class Meta(OperationSerializer.Meta):
+        fields = [*OperationSerializer.Meta.fields, "params", "results"]

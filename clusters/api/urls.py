@@ -13,6 +13,7 @@ urlpatterns = [
     path("projects/<slug:project>/clusters/<slug:cluster>/nodes/", views.ClusterNodes.as_view(), name="api-nodes"),
     path("projects/<slug:project>/clusters/<slug:cluster>/jobs/", views.ClusterJobs.as_view(), name="api-jobs"),
     path("projects/<slug:project>/clusters/<slug:cluster>/events/", views.ClusterEvents.as_view(), name="api-events"),
+    path("projects/<slug:project>/clusters/<slug:cluster>/scans/", views.ClusterScans.as_view(), name="api-scans"),
     path("projects/<slug:project>/operations/<uuid:operation>/", views.OperationDetail.as_view(), name="api-operation"),
     path("recipes/", recipes_api.RecipeList.as_view(), name="api-recipes"),
     path("projects/<slug:project>/models/", recipes_api.ModelVersionList.as_view(), name="api-models"),

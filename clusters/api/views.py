@@ -7,6 +7,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import services
+from ..choices import OperationKind
 from ..models import Cluster, Operation, Project
 from ..spec import SpecError
 from .serializers import (
@@ -18,6 +19,8 @@ from .serializers import (
     NodeSerializer,
     OperationSerializer,
     ProjectSerializer,
+    ScanRequestSerializer,
+    ScanSerializer,
 )
 
 
@@ -158,3 +161,28 @@ class OperationDetail(generics.RetrieveAPIView):
         return get_object_or_404(
             Operation.objects.select_related("cluster"), cluster__project=project, uuid=self.kwargs["operation"]
         )
+
+
+class ClusterScans(APIView):
+    """Health scans: POST starts one (optionally {"checks": [...]}); GET lists them with their results."""
+
+    @extend_schema(responses=ScanSerializer(many=True))
+    def get(self, request, project, cluster):
+        cluster = cluster_for(request, project, cluster)
+        scans = cluster.operations.filter(kind=OperationKind.SCAN).prefetch_related("health_results")[:20]
+        return Response(ScanSerializer(scans, many=True).data)
+
+    @extend_schema(request=ScanRequestSerializer, responses={202: OperationSerializer})
+    def post(self, request, project, cluster):
+        from ..health.scans import ScanError, start_scan
+
+        cluster = cluster_for(request, project, cluster)
+        body = ScanRequestSerializer(data=request.data if isinstance(request.data, dict) else {})
+        body.is_valid(raise_exception=True)
+        try:
+            operation = start_scan(cluster=cluster, checks=body.validated_data.get("checks"), user=request.user)
+        except ScanError as exc:
+            return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
+        except services.ConsoleError as exc:
+            return console_error_response(exc)
+        return accepted(operation)

@@ -1,0 +1,39 @@
+"""Runs the asked checks on this node (one Slurm task per node) and writes NODE.json atomically.
+
+Usage (from the scan job): python -m clusters.health.agent CONTEXT.json OUT_DIR
+No Django here: the node only needs numpy and, for GPU checks, nvidia-smi / dcgmi.
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from . import FAIL, load_checks
+
+
+def main(context_path, out_dir):
+    context = json.loads(Path(context_path).read_text())
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    faults_file = Path(context.get("faults_dir", "/nonexistent")) / f"{node}.json"
+    context["faults"] = json.loads(faults_file.read_text()) if faults_file.exists() else {}
+    checks = load_checks()
+    results = {}
+    for name in context["checks"]:
+        started = time.perf_counter()
+        try:
+            result = checks[name](context).as_dict()
+        except Exception as exc:  # a check that crashes is a failed check, not a failed scan
+            result = {"status": FAIL, "values": {}, "threshold": {}, "reason": f"check crashed: {exc}"}
+        result["seconds"] = round(time.perf_counter() - started, 3)
+        results[name] = result
+    out = Path(out_dir)
+    tmp = out / f".{node}.json.tmp"
+    tmp.write_text(json.dumps({"node": node, "results": results}))
+    os.replace(tmp, out / f"{node}.json")  # never a half-written result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,1 @@
+"""The built-in checks; each module registers itself with clusters.health.check()."""

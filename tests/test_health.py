@@ -1,0 +1,99 @@
+"""Health scans as Slurm jobs on a shared 2-node local cluster, with injected faults.
+
+hana owns project "hlab" with cluster "train"; charlie is an outsider. Scans run in-process through
+the service layer (the Celery path is the same task as provisioning, tested elsewhere).
+"""
+
+import pytest
+from django.core.management import call_command
+
+from clusters import services
+from clusters.choices import OperationStatus
+from clusters.health.scans import faults_dir
+from clusters.models import HealthResult, Operation
+
+from .conftest import api_client_for, module_cluster
+
+pytestmark = pytest.mark.django_db
+SCANS = "/api/v1/projects/hlab/clusters/train/scans/"
+
+
+@pytest.fixture(scope="module")
+def cluster(django_db_setup, django_db_blocker):
+    with module_cluster(django_db_blocker, username="hana", project_slug="hlab") as found:
+        yield found
+
+
+@pytest.fixture
+def hana_api(cluster):
+    return api_client_for(cluster.project.members.get())
+
+
+@pytest.fixture(autouse=True)
+def no_faults(cluster):
+    yield
+    for node in ("cpu-0", "cpu-1"):
+        call_command("inject_fault", "hlab/train", node, "clear", stdout=open("/dev/null", "w"))  # noqa: SIM115
+
+
+def scan(api, checks=None):
+    response = api.post(SCANS, {"checks": checks} if checks else {}, format="json")
+    assert response.status_code == 202, response.content
+    operation = Operation.objects.get(uuid=response.json()["id"])
+    services.run_operation(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    return {(r.node, r.check_name): r for r in HealthResult.objects.filter(operation=operation)}
+
+
+def test_a_healthy_cluster_passes_and_skips_gpu_checks_without_gpus(hana_api, cluster):
+    results = scan(hana_api)
+    assert {node for node, _ in results} == {"cpu-0", "cpu-1"}
+    for node in ("cpu-0", "cpu-1"):
+        assert results[(node, "disk")].status == "pass"
+        assert results[(node, "correctness")].status == "pass"
+        # Both "nodes" share this host's cores, so a little noise may make one a mild straggler.
+        assert results[(node, "speed")].status in ("pass", "warn")
+        assert results[(node, "speed")].values["gflops"] > 0
+        for gpu_check in ("gpu_inventory", "ecc", "dcgm"):
+            assert results[(node, gpu_check)].status == "skipped"
+            assert "no GPU" in results[(node, gpu_check)].reason
+    assert cluster.events.filter(message__startswith="Health scan done: ").exists()
+    listed = hana_api.get(SCANS).json()[0]
+    assert len(listed["results"]) == 12
+
+
+def test_a_perturbed_node_fails_correctness_alone(hana_api):
+    call_command("inject_fault", "hlab/train", "cpu-1", "perturb", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    results = scan(hana_api, ["correctness"])
+    assert results[("cpu-0", "correctness")].status == "pass"
+    assert results[("cpu-1", "correctness")].status == "fail"
+    assert "differs from the reference" in results[("cpu-1", "correctness")].reason
+
+
+def test_a_slow_node_is_a_straggler_against_the_fleet_median(hana_api, client, cluster):
+    call_command("inject_fault", "hlab/train", "cpu-1", "slow", "--value", "5", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    results = scan(hana_api, ["speed"])
+    assert results[("cpu-0", "speed")].status == "pass"
+    slow = results[("cpu-1", "speed")]
+    assert slow.status in ("warn", "fail")
+    assert "straggler" in slow.reason
+    assert slow.threshold["straggler_fraction"] == 0.9
+    client.force_login(cluster.project.members.get())
+    grid = client.get("/clusters/hlab/train/health/?failing=1").content.decode()
+    assert 'data-node="cpu-1"' in grid and 'data-node="cpu-0"' not in grid
+
+
+def test_a_disk_fault_fails_the_disk_check(hana_api):
+    call_command("inject_fault", "hlab/train", "cpu-0", "disk_full", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    results = scan(hana_api, ["disk"])
+    assert results[("cpu-0", "disk")].status == "fail"
+    assert results[("cpu-1", "disk")].status == "pass"
+
+
+def test_it_refuses_unknown_checks_and_outsiders(hana_api, charlie_api, cluster):
+    response = hana_api.post(SCANS, {"checks": ["disk", "vibes"]}, format="json")
+    assert response.status_code == 400
+    assert "unknown check 'vibes'" in response.json()["checks"][0]
+    assert charlie_api.post(SCANS, {}, format="json").status_code == 404
+    assert not faults_dir(cluster).joinpath("cpu-0.json").read_text().strip("{}")
