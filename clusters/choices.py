@@ -50,6 +50,7 @@ class OperationKind(models.TextChoices):
     UPDATE = "UPDATE", "Update"
     DELETE = "DELETE", "Delete"
     SCAN = "SCAN", "Health scan"
+    REPAIR = "REPAIR", "Repair"
 
 
 class OperationStatus(models.TextChoices):

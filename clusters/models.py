@@ -184,6 +184,9 @@ class Node(models.Model):
     slurm_state = models.CharField(max_length=64, blank=True)
     slurm_reason = models.CharField(max_length=500, blank=True)
     slurm_seen = models.DateTimeField(null=True, blank=True)
+    # {failure kind: repair actions taken so far}; carried over to a replacement node, so a failure
+    # that follows the position (a bad slot, a bad image) exhausts the ladder instead of looping.
+    repairs = models.JSONField(default=dict, blank=True)
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:

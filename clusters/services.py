@@ -361,6 +361,11 @@ def run_operation(operation_id, stale_after=None):
 
             run_steps(operation, scans.scan_steps(operation))
             finish_scan(operation)
+        elif operation.kind == OperationKind.REPAIR:
+            from .health import repair
+
+            run_steps(operation, repair.repair_steps(operation))
+            finish_repair(operation)
         else:
             cluster.wanted_nodes().filter(state=NodeState.PENDING).update(state=NodeState.PROVISIONING)
             run_steps(operation, backend.apply_steps(cluster))
@@ -401,12 +406,25 @@ def finish_apply(operation):
 
 
 def finish_scan(operation):
+    from .health.repair import repair_from_scan
     from .health.scans import summary
 
     operation.finish(OperationStatus.SUCCEEDED)
     message, failing = summary(operation)
+    level = EventLevel.WARNING if failing else EventLevel.INFO
+    record_event(operation.cluster, message, level=level, operation=operation)
+    if failing and settings.AUTO_REPAIR:
+        repair_from_scan(operation)
+
+
+def finish_repair(operation):
+    operation.finish(OperationStatus.SUCCEEDED)
+    params = operation.params
     record_event(
-        operation.cluster, message, level=EventLevel.WARNING if failing else EventLevel.INFO, operation=operation
+        operation.cluster,
+        f"Repaired {params['node']} ({params['failure']}) by {params['action']}",
+        operation=operation,
+        node=params["node"],
     )
 
 
@@ -424,8 +442,8 @@ def fail_operation(operation_id, message):
     if not operation.finish(OperationStatus.FAILED, error=message):
         return
     cluster = operation.cluster
-    if operation.kind == OperationKind.SCAN:
-        pass  # a failed scan says nothing about the cluster's own state; the event below says why
+    if operation.kind in (OperationKind.SCAN, OperationKind.REPAIR):
+        pass  # the cluster's own state is unchanged; a failed repair leaves the node drained for the next
     elif operation.kind == OperationKind.UPDATE:
         cluster.set_status(ClusterStatus.DEGRADED, expected=[ClusterStatus.UPDATING], message=message)
     else:

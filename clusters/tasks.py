@@ -21,3 +21,16 @@ def run_operation_task(self, operation_id, stale_after=None):
 @shared_task(soft_time_limit=60)
 def resume_stale_operations():
     return services.resume_stale_operations()
+
+
+@shared_task(soft_time_limit=120)
+def watch_clusters():
+    """Detect failed nodes on every usable cluster and start repairs (one operation per cluster at a time)."""
+    from .choices import ClusterStatus
+    from .health.repair import watch
+    from .models import Cluster
+
+    if not settings.AUTO_REPAIR:
+        return
+    for cluster in Cluster.objects.filter(status__in=ClusterStatus.usable()).select_related("project"):
+        watch(cluster)

@@ -133,6 +133,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "clusters.tasks.resume_stale_operations",
         "schedule": 60.0,
     },
+    "watch-clusters": {
+        "task": "clusters.tasks.watch_clusters",
+        "schedule": 15.0,
+    },
     # Record run transitions even when nobody watches the run page.
     "refresh-active-runs": {
         "task": "recipes.tasks.refresh_active_runs",
@@ -204,6 +208,9 @@ GCE_OPERATION_TIMEOUT = envfloat("GCE_OPERATION_TIMEOUT", 1800)
 GCE_POLL_INTERVAL = envfloat("GCE_POLL_INTERVAL", 2)
 GCE_IMAGE = env("GCE_IMAGE", "projects/debian-cloud/global/images/family/debian-12")
 GCE_CONTROLLER_MACHINE_TYPE = env("GCE_CONTROLLER_MACHINE_TYPE", "n2-standard-8")
+
+# Self-repair: start a repair after a scan finds a failing node, and watch nodes every 15 s.
+AUTO_REPAIR = envbool("AUTO_REPAIR", "True")
 
 # An operation whose worker has not reported for this long is taken to be orphaned and re-enqueued.
 OPERATION_STALE_AFTER = envint("OPERATION_STALE_AFTER", 300)

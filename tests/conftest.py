@@ -204,7 +204,11 @@ def module_cluster(django_db_blocker, *, username, project_slug, cluster_name="t
 def stop_local_clusters():
     """Stop every process of the test clusters (jobs, slurmrestd, slurmd, slurmctld, munged) and remove them."""
     root = str(settings.LOCAL_CLUSTERS_DIR)
-    processes.stop([pid for pid, argv in processes.command_lines() if any(root in arg for arg in argv)])
+    doomed = {pid for pid, argv in processes.command_lines() if any(root in arg for arg in argv)}
+    doomed |= {
+        pid for pid, _ in processes.command_lines() if processes.environ(pid).get("SLURM_CONF", "").startswith(root)
+    }
+    processes.stop(sorted(doomed))
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -97,3 +97,64 @@ def test_it_refuses_unknown_checks_and_outsiders(hana_api, charlie_api, cluster)
     assert "unknown check 'vibes'" in response.json()["checks"][0]
     assert charlie_api.post(SCANS, {}, format="json").status_code == 404
     assert not faults_dir(cluster).joinpath("cpu-0.json").read_text().strip("{}")
+
+
+def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same_loss(cluster):
+    import json
+    import time
+    from pathlib import Path
+
+    from clusters.health import repair
+    from recipes import services as runs
+
+    owner = cluster.project.members.get()
+
+    def launch():
+        data = {"recipe": "llama3.1-8b-pretrain", "nodes": 2, "steps": 60}
+        return runs.launch_run(cluster=cluster, data=data, user=owner)
+
+    def wait(run, timeout=300):
+        deadline = time.monotonic() + timeout
+        while not runs.refresh_run(run).is_done:
+            assert time.monotonic() < deadline, f"run {run.uuid} is still {run.status}"
+            time.sleep(1)
+        return run
+
+    def final_loss(run):
+        return json.loads((Path(run.work_dir) / "result.json").read_text())["final_loss"]
+
+    reference = wait(launch())
+    assert reference.status == "COMPLETED", reference.error
+
+    run = launch()
+    metrics = Path(run.work_dir) / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 25):
+        assert time.monotonic() < deadline, "the run never reached step 25"
+        time.sleep(0.5)
+    call_command("inject_fault", "hlab/train", "cpu-1", "kill_node", stdout=open("/dev/null", "w"))  # noqa: SIM115
+
+    # Slurm marks the node down (SlurmdTimeout) and requeues the job; the console sees it and repairs.
+    deadline = time.monotonic() + 120
+    operation = None
+    while operation is None:
+        assert time.monotonic() < deadline, "the failed node was never detected"
+        time.sleep(1)
+        cluster.refresh_from_db()
+        operation = repair.watch(cluster)
+    assert operation.params == {"node": "cpu-1", "failure": "unresponsive", "action": "reboot", "done": []}
+    services.run_operation(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    assert [e["message"].split(":")[0] for e in operation.log] == ["Drain cpu-1", "Reboot cpu-1", "Resume cpu-1"]
+
+    run = wait(run)
+    assert run.status == "COMPLETED", run.error
+    events = [json.loads(line) for line in (Path(run.work_dir) / "events.jsonl").read_text().splitlines()]
+    resumed = [e for e in events if e["event"] == "resumed"]
+    assert resumed and resumed[0]["step"] >= 20  # continued from its last checkpoint, not from scratch
+    assert abs(final_loss(run) - final_loss(reference)) < 1e-6
+    messages = list(cluster.events.values_list("message", flat=True))
+    assert any(m.startswith("Detected unresponsive on cpu-1") for m in messages)
+    assert "Repaired cpu-1 (unresponsive) by reboot" in messages
+    assert cluster.nodes.get(name="cpu-1").repairs == {"unresponsive": 1}

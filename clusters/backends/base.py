@@ -130,6 +130,26 @@ class Backend:
     def cancel_job(self, cluster, job_id):
         raise PermanentBackendError(f"The {self.name} backend cannot cancel jobs yet")
 
+    # -- remediation (issue: health scans and self-repair) ---------------------------------------
+
+    def drain(self, cluster, node, reason):
+        """Stop new jobs landing on `node`; the reason shows in sinfo."""
+        raise PermanentBackendError(f"The {self.name} backend cannot drain nodes yet")
+
+    def resume(self, cluster, node):
+        raise PermanentBackendError(f"The {self.name} backend cannot resume nodes yet")
+
+    def reboot(self, cluster, node):
+        """Restart the node (its jobs die with it) and wait until its slurmd registers again."""
+        raise PermanentBackendError(f"The {self.name} backend cannot reboot nodes yet")
+
+    def reinstall(self, cluster, node):
+        """Like reboot, from a fresh node state (image / template)."""
+        raise PermanentBackendError(f"The {self.name} backend cannot reinstall nodes yet")
+
+    def clean_scratch(self, cluster, node):
+        raise PermanentBackendError(f"The {self.name} backend cannot clean scratch space yet")
+
     def call_slurm_rest(self, cluster, method, path, body=None):
         """Forward a request to the cluster's slurmrestd; returns (HTTP status, raw body)."""
         raise PermanentBackendError(f"The {self.name} backend cannot reach slurmrestd yet")

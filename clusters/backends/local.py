@@ -6,12 +6,14 @@ LOCAL_CLUSTERS_DIR/c<cluster id>. The login node is this machine itself: `SLURM_
 makes sinfo, sbatch and squeue talk to the cluster.
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -224,6 +226,55 @@ class LocalBackend(Backend):
         if result.returncode != 0:
             return None  # Slurm has forgotten the job (older than MinJobAge)
         return next((job for job in parse_squeue(result.stdout) if job.job_id == job_id), None)
+
+    # -- remediation ------------------------------------------------------------------------
+
+    def drain(self, cluster, node, reason):
+        conf = self.paths(cluster).conf
+        run_client(conf, "scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason[:100]}")
+
+    def resume(self, cluster, node):
+        conf = self.paths(cluster).conf
+        result = run_client(conf, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
+        if result.returncode != 0 and "Invalid node state" not in result.stderr:
+            raise TransientBackendError(f"scontrol could not resume {node}: {result.stderr.strip()}")
+
+    def kill_node(self, cluster, node):
+        """What a dead machine looks like to Slurm: its slurmd and its job steps vanish at once."""
+        paths = self.paths(cluster)
+        pids = processes.find_pids("slurmd", str(paths.conf), node) + processes.job_processes(str(paths.conf), node)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def reboot(self, cluster, node):
+        paths = self.paths(cluster)
+        self.kill_node(cluster, node)
+        processes.wait_for(lambda: not processes.find_pids("slurmd", str(paths.conf), node), timeout=10)
+        self.start_slurmd(cluster, paths, node)
+        self.wait_registered(paths, node)
+
+    def reinstall(self, cluster, node):
+        """A reboot from a wiped node folder: the local stand-in for a fresh image."""
+        paths = self.paths(cluster)
+        self.kill_node(cluster, node)
+        processes.wait_for(lambda: not processes.find_pids("slurmd", str(paths.conf), node), timeout=10)
+        shutil.rmtree(paths.spool / node, ignore_errors=True)
+        self.start_slurmd(cluster, paths, node)
+        self.wait_registered(paths, node)
+
+    def clean_scratch(self, cluster, node):
+        scratch = self.paths(cluster).spool / node / "scratch"
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    def wait_registered(self, paths, node):
+        def responding():
+            statuses = {s.name: s for s in parse_sinfo(run_client(paths.conf, "sinfo", "--json").stdout)}
+            status = statuses.get(node)
+            return status is not None and "NOT_RESPONDING" not in status.flags and status.state != "down"
+
+        if not processes.wait_for(responding, timeout=settings.LOCAL_NODE_IDLE_TIMEOUT, interval=0.3):
+            raise TransientBackendError(f"{node} did not register with slurmctld after its restart")
 
     # -- helpers ------------------------------------------------------------------------------
 

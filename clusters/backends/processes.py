@@ -32,6 +32,35 @@ def command_lines():
             yield int(entry.name), raw.rstrip(b"\0").decode(errors="replace").split("\0")
 
 
+def environ(pid):
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def job_processes(conf, node=None):
+    """Pids of the job steps running under a cluster's slurm.conf (on `node`, if given): the tasks,
+    found by SLURM_CONF and SLURMD_NODENAME in their environment, and their slurmstepd parents."""
+    tasks = []
+    for pid, _argv in command_lines():
+        env = environ(pid)
+        if env.get("SLURM_CONF") == conf and (node is None or env.get("SLURMD_NODENAME") == node):
+            tasks.append(pid)
+    parents = set()
+    for pid in tasks:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            parent = int(stat.split(")")[-1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        argv = Path(f"/proc/{parent}/cmdline").read_bytes() if Path(f"/proc/{parent}/cmdline").exists() else b""
+        if argv.startswith(b"slurmstepd"):
+            parents.add(parent)
+    return sorted(set(tasks) | parents)
+
+
 def find_pids(name, marker, node=None):
     """Pids of `name` processes whose argv holds `marker` (a conf path) and, if given, `-N node`."""
     pids = []

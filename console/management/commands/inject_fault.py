@@ -11,6 +11,7 @@ KINDS = {
     "perturb": "the correctness check computes a slightly wrong result",
     "slow": "the speed check is throttled (VALUE: 0-10, default 5)",
     "disk_full": "the disk check sees no free space",
+    "kill_node": "the node dies: its slurmd and job steps are killed at once (Slurm marks it down)",
     "clear": "remove every fault of the node",
 }
 
@@ -33,6 +34,12 @@ class Command(BaseCommand):
             raise CommandError("Fault injection is for the local backend only")
         if not found.nodes.filter(name=node).exists():
             raise CommandError(f"{cluster} has no node {node}")
+        if kind == "kill_node":
+            from clusters.backends import get_backend
+
+            get_backend("local").kill_node(found, node)
+            self.stdout.write(f"{node}: slurmd and its job steps killed")
+            return
         folder = faults_dir(found)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{node}.json"

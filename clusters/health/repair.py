@@ -1,0 +1,163 @@
+"""Self-repair: detect a failing node, pick the action its failure's ladder says next, and run it as a
+REPAIR operation (drain, act, resume, verify), with every step on the cluster timeline.
+
+The ladder is data (policy.json). Attempts are counted on the node before the operation is enqueued,
+so a worker killed mid-repair reruns the same operation (the same action) instead of escalating, and
+steps already done are recorded in the operation so they are not done twice.
+"""
+
+import contextlib
+import json
+from functools import cache
+from pathlib import Path
+
+from django.db import transaction
+
+from ..backends import get_backend
+from ..backends.base import Step
+from ..choices import ClusterStatus, EventLevel, NodeRole, NodeState, OperationKind, OperationStatus
+from ..models import Node, Operation
+
+REASON_PREFIX = "tcc "
+
+
+@cache
+def policy():
+    return json.loads((Path(__file__).resolve().parent / "policy.json").read_text())["failures"]
+
+
+def worst(failures):
+    """The failure that wins when a node has several: the highest priority."""
+    return max(failures, key=lambda f: policy()[f]["priority"])
+
+
+def next_action(node, failure):
+    ladder = policy()[failure]["ladder"]
+    taken = node.repairs.get(failure, 0)
+    return ladder[taken] if taken < len(ladder) else None
+
+
+def detect(cluster):
+    """{node name: (failure, detail)} for compute nodes Slurm has given up on or a repair left drained."""
+    from ..services import refresh_nodes
+
+    if refresh_nodes(cluster):
+        return {}  # Slurm itself is not answering: that is not a node's fault
+    found = {}
+    for node in cluster.nodes.filter(node_pool__role=NodeRole.COMPUTE, state=NodeState.READY):
+        state, reason = node.slurm_state.lower(), node.slurm_reason
+        if state.startswith("down"):
+            found[node.name] = ("unresponsive", f"Slurm marked it {node.slurm_state} ({reason or 'no reason'})")
+        elif state.startswith("drain") and reason.startswith(REASON_PREFIX):
+            failure = reason[len(REASON_PREFIX) :].split(":")[0]
+            if failure in policy():
+                found[node.name] = (failure, f"still drained after '{reason}'")
+    return found
+
+
+def watch(cluster):
+    """Start a repair for the worst failing node, if the cluster is free; returns the operation or None."""
+    if cluster.status not in ClusterStatus.usable():
+        return None
+    failing = detect(cluster)
+    if not failing:
+        return None
+    name = max(failing, key=lambda n: policy()[failing[n][0]]["priority"])
+    failure, detail = failing[name]
+    return start_repair(cluster, name, failure, detail)
+
+
+def repair_from_scan(operation):
+    """After a scan: repair the node with the worst failed check."""
+    failed = {}
+    for result in operation.health_results.filter(status="fail"):
+        if result.check_name in policy():
+            failed.setdefault(result.node, []).append(result.check_name)
+    if not failed:
+        return None
+    name = max(failed, key=lambda n: policy()[worst(failed[n])]["priority"])
+    return start_repair(operation.cluster, name, worst(failed[name]), f"failed {', '.join(sorted(failed[name]))}")
+
+
+def start_repair(cluster, node_name, failure, detail, user=None):
+    from ..services import record_event, start_operation
+
+    with transaction.atomic():
+        if cluster.operations.filter(status__in=OperationStatus.active()).exists():
+            return None  # one operation at a time; the next watch tries again
+        node = Node.objects.select_for_update().get(cluster=cluster, name=node_name)
+        action = next_action(node, failure)
+        record_event(cluster, f"Detected {failure} on {node_name}: {detail}", level=EventLevel.WARNING, node=node_name)
+        if action is None:
+            give_up(cluster, node, failure)
+            return None
+        node.repairs = {**node.repairs, failure: node.repairs.get(failure, 0) + 1}
+        node.save(update_fields=["repairs"])
+        return start_operation(
+            cluster,
+            OperationKind.REPAIR,
+            user,
+            f"Repairing {node_name} ({failure}): {action}",
+            params={"node": node_name, "failure": failure, "action": action, "done": []},
+        )
+
+
+def give_up(cluster, node, failure):
+    from ..services import record_event
+
+    with contextlib.suppress(Exception):
+        get_backend(cluster.backend).drain(cluster, node.name, f"{REASON_PREFIX}{failure}: gave up")
+    cluster.set_status(ClusterStatus.DEGRADED, expected=[ClusterStatus.READY], message=f"{node.name} keeps failing")
+    record_event(
+        cluster,
+        f"Gave up on {node.name}: {failure} persists after {', '.join(policy()[failure]['ladder'])}; "
+        "it stays drained and the cluster is degraded",
+        level=EventLevel.ERROR,
+        node=node.name,
+    )
+
+
+def repair_steps(operation):
+    cluster = operation.cluster
+    backend = get_backend(cluster.backend)
+    node, failure, action = operation.params["node"], operation.params["failure"], operation.params["action"]
+
+    def once(name, fn):
+        """Run a step's action once across reruns: its name is kept in the operation when done."""
+
+        def run():
+            if name in operation.params.get("done", []):
+                return
+            fn()
+            operation.params = {**operation.params, "done": [*operation.params.get("done", []), name]}
+            Operation.objects.filter(pk=operation.pk).update(params=operation.params)
+
+        return Step(name, run)
+
+    steps = [once(f"Drain {node}", lambda: backend.drain(cluster, node, f"{REASON_PREFIX}{failure}: {action}"))]
+    if action == "replace":
+        steps.append(once(f"Replace {node}", lambda: replace(cluster, node)))
+        return steps
+    if action != "drain":
+        steps.append(
+            once(f"{action.replace('_', ' ').capitalize()} {node}", lambda: getattr(backend, action)(cluster, node))
+        )
+        steps.append(Step(f"Resume {node}", lambda: backend.resume(cluster, node)))
+    return steps
+
+
+def replace(cluster, name):
+    """A new node takes the failing one's place in its pool (the cluster keeps its size)."""
+    from ..services import add_nodes
+
+    old = Node.objects.select_related("node_pool").get(cluster=cluster, name=name)
+    pool = old.node_pool
+    if old.state != NodeState.DELETING:
+        index = max(pool.nodes.values_list("index", flat=True)) + 1
+        add_nodes(pool, [index])
+        Node.objects.filter(node_pool=pool, index=index).update(repairs=old.repairs, state=NodeState.PROVISIONING)
+        Node.objects.filter(pk=old.pk).update(state=NodeState.DELETING)
+    for step in get_backend(cluster.backend).apply_steps(cluster):
+        step.run()
+    cluster.nodes.filter(state=NodeState.DELETING).delete()
+    cluster.wanted_nodes().update(state=NodeState.READY)
