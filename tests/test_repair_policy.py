@@ -1,0 +1,71 @@
+"""The failure policy and the repair ladder, on the scripted backend (no Slurm): escalation, giving
+up, priorities, and a rerun after a killed worker that does no step twice."""
+
+import pytest
+
+from clusters import services
+from clusters.choices import ClusterStatus, OperationStatus
+from clusters.health import repair
+from clusters.models import Cluster, Operation
+
+from .backends import ScriptedBackend
+from .conftest import example_spec
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def cluster(settings, alpha, alice):
+    settings.CLUSTER_BACKENDS = {**settings.CLUSTER_BACKENDS, "scripted": "tests.backends.ScriptedBackend"}
+    ScriptedBackend.calls.clear()
+    ScriptedBackend.down.clear()
+    spec = example_spec()
+    spec["console"]["backend"] = "scripted"
+    operation = services.create_cluster(project=alpha, name="ok", spec=spec, user=alice)
+    services.run_operation(operation.pk)
+    return Cluster.objects.get()
+
+
+def repair_once(cluster):
+    operation = repair.watch(cluster)
+    if operation is not None:
+        services.run_operation(operation.pk)
+        operation.refresh_from_db()
+        assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    return operation
+
+
+def test_the_worst_failure_wins():
+    assert repair.worst(["speed", "correctness", "disk"]) == "correctness"
+    assert repair.worst(["disk", "unresponsive"]) == "unresponsive"
+
+
+def test_a_node_that_keeps_failing_climbs_the_ladder_then_degrades_the_cluster(cluster):
+    ScriptedBackend.down.add("cpu-1")
+    assert repair_once(cluster).params["action"] == "reboot"
+    assert repair_once(cluster).params["action"] == "reinstall"
+    replaced = repair.watch(cluster)
+    assert replaced.params["action"] == "replace"
+    Operation.objects.filter(pk=replaced.pk).update(status=OperationStatus.FAILED)  # say the replacement failed too
+    assert repair.watch(cluster) is None  # the ladder is exhausted: no fourth action
+    cluster.refresh_from_db()
+    assert cluster.status == ClusterStatus.DEGRADED
+    assert cluster.events.filter(level="ERROR", message__startswith="Gave up on cpu-1").exists()
+    assert ("reboot", "cpu-1") in ScriptedBackend.calls and ("reinstall", "cpu-1") in ScriptedBackend.calls
+
+
+def test_one_repair_at_a_time(cluster):
+    ScriptedBackend.down.update({"cpu-0", "cpu-1"})
+    first = repair.watch(cluster)
+    assert first is not None
+    assert repair.watch(cluster) is None  # the first is still pending
+
+
+def test_a_rerun_after_a_killed_worker_does_no_step_twice(cluster):
+    ScriptedBackend.down.add("cpu-0")
+    operation = repair.watch(cluster)
+    operation.params = {**operation.params, "done": ["Drain cpu-0", "Reboot cpu-0"]}  # the worker died after these
+    Operation.objects.filter(pk=operation.pk).update(params=operation.params)
+    services.run_operation(operation.pk)
+    assert ScriptedBackend.calls == [("resume", "cpu-0")]
+    assert cluster.nodes.get(name="cpu-0").repairs == {"unresponsive": 1}
