@@ -1,0 +1,111 @@
+"""Health figures on real local Slurm clusters: scan wall time for 2, 4 and 8 nodes (target: flat,
+within 1.5x from 2 to 8), and time to repair a killed node (-> idle again, -> a requeued job running).
+
+All nodes share this machine's cores, so the speed check's kernel competes with itself as nodes are
+added; the scan itself (one Slurm step across all nodes in parallel) is what should stay flat.
+Usage: .venv/bin/python benchmarks/health_scan.py
+"""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+WORK = Path(tempfile.mkdtemp(prefix="tcc-bench-"))
+WORK.chmod(0o755)  # slurmrestd runs as nobody and reads slurm.conf below here
+os.environ.update(
+    DJANGO_SETTINGS_MODULE="console.settings",
+    DATABASE_URL=f"sqlite:///{WORK / 'bench.sqlite3'}",
+    LOCAL_CLUSTERS_DIR=str(WORK / "c"),
+    LOG_LEVEL="WARNING",
+    AUTO_REPAIR="false",
+)
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+
+from clusters import services  # noqa: E402
+from clusters.backends import get_backend  # noqa: E402
+from clusters.health import repair  # noqa: E402
+from clusters.health.scans import start_scan  # noqa: E402
+from clusters.models import Cluster, Project  # noqa: E402
+
+
+def make_cluster(project, user, nodes):
+    spec = json.loads((ROOT / "examples" / "cluster-local-cpu.json").read_text())
+    spec["node_pools"][1]["scaling_spec"] = {"min_node_count": nodes, "max_node_count": nodes}
+    operation = services.create_cluster(project=project, name=f"h{nodes}", spec=spec, user=user)
+    services.run_operation(operation.pk)
+    return Cluster.objects.get(pk=operation.cluster_id)
+
+
+def timed_scan(cluster, checks):
+    operation = start_scan(cluster=cluster, checks=checks)
+    started = time.perf_counter()
+    services.run_operation(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == "SUCCEEDED", operation.error
+    return time.perf_counter() - started
+
+
+def main():
+    call_command("migrate", verbosity=0)
+    user = get_user_model().objects.create_user("bench")
+    project = Project.objects.create(slug="bench", name="Bench")
+    project.members.add(user)
+    print("nodes | scan, all checks (s) | scan, correctness+disk (s)")
+    try:
+        for nodes in (2, 4, 8):
+            cluster = make_cluster(project, user, nodes)
+            full = timed_scan(cluster, None)
+            light = timed_scan(cluster, ["correctness", "disk"])
+            print(f"{nodes:>5} | {full:>20.2f} | {light:>26.2f}")
+            if nodes != 2:
+                services.run_operation(services.delete_cluster(cluster=cluster, user=user).pk)
+        cluster = Cluster.objects.get(name="h2")
+        backend = get_backend("local")
+        job = backend.submit_batch(cluster, write_job(cluster))
+        while (status := backend.job_status(cluster, job)) is None or status.state != "RUNNING":
+            time.sleep(0.2)
+        killed = time.perf_counter()
+        backend.kill_node(cluster, "cpu-1")
+        operation = None
+        while operation is None:
+            time.sleep(0.5)
+            cluster.refresh_from_db()
+            operation = repair.watch(cluster)
+        detected = time.perf_counter() - killed
+        services.run_operation(operation.pk)
+        idle = time.perf_counter() - killed
+        while backend.job_status(cluster, job).state != "RUNNING":
+            time.sleep(0.2)
+        running = time.perf_counter() - killed
+        print(f"slurmd killed -> detected (Slurm marks it down): {detected:6.1f} s")
+        print(f"slurmd killed -> node repaired and idle:        {idle:6.1f} s")
+        print(f"slurmd killed -> requeued job running again:    {running:6.1f} s")
+        backend.cancel_job(cluster, job)
+        services.run_operation(services.delete_cluster(cluster=cluster, user=user).pk)
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
+
+
+def write_job(cluster):
+    folder = Path(get_backend("local").shared_dir(cluster))
+    script = folder / "bench-requeue.sbatch"
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH -N 2\n#SBATCH --requeue\n#SBATCH -o {folder}/bench-%j.out\nsrun sleep 600\n"
+    )
+    return script
+
+
+if __name__ == "__main__":
+    main()
