@@ -8,6 +8,7 @@ import pytest
 from django.core.management import call_command
 
 from clusters import services
+from clusters.backends import get_backend
 from clusters.choices import OperationStatus
 from clusters.health.scans import faults_dir
 from clusters.models import HealthResult, Operation
@@ -34,6 +35,8 @@ def no_faults(cluster):
     yield
     for path in faults_dir(cluster).glob("*.json"):
         path.unlink()
+    for node in cluster.compute_nodes():  # undo what a fault's health check drained
+        get_backend("local").resume(cluster, node.name)
 
 
 def scan(api, checks=None):
@@ -84,11 +87,26 @@ def test_a_slow_node_is_a_straggler_against_the_fleet_median(hana_api, client, c
     assert 'data-node="cpu-1"' in grid and 'data-node="cpu-0"' not in grid
 
 
-def test_a_disk_fault_fails_the_disk_check(hana_api):
+def test_a_disk_fault_fails_the_disk_check_and_slurms_health_check_drains_the_node(hana_api, cluster):
+    import time
+
+    from clusters.health import repair
+
     call_command("inject_fault", "hlab/train", "cpu-0", "disk_full", stdout=open("/dev/null", "w"))  # noqa: SIM115
     results = scan(hana_api, ["disk"])
     assert results[("cpu-0", "disk")].status == "fail"
     assert results[("cpu-1", "disk")].status == "pass"
+    # HealthCheckProgram runs every 10 s on every node and drains cpu-0 itself; the console then repairs.
+    deadline = time.monotonic() + 30
+    while "disk" not in repair.detect(cluster).get("cpu-0", ("",))[0]:
+        assert time.monotonic() < deadline, "Slurm's health check never drained cpu-0"
+        time.sleep(1)
+    assert cluster.nodes.get(name="cpu-0").slurm_reason.startswith("tcc disk: spool 100% used")
+    # The scan's failure already started the repair: the first rung of the disk ladder.
+    operation = Operation.objects.filter(kind="REPAIR").latest("created")
+    assert operation.params["node"] == "cpu-0"
+    assert operation.params["action"] == "clean_scratch"
+    assert repair.watch(cluster) is None  # one repair at a time
 
 
 def test_it_refuses_unknown_checks_and_outsiders(hana_api, charlie_api, cluster):

@@ -292,6 +292,7 @@ class LocalBackend(Backend):
         paths.secrets.mkdir(mode=0o700, exist_ok=True)
         write_secret(paths.munge_key, 128)
         write_secret(paths.jwt_key, 32)
+        self.write_health_check(paths)
         blocked = [str(p) for p in paths.root.parents if p.stat().st_mode & 0o001 == 0]
         if blocked:
             # slurmrestd runs as nobody and must reach slurm.conf.
@@ -302,6 +303,27 @@ class LocalBackend(Backend):
             raise PermanentBackendError(
                 f"LOCAL_CLUSTERS_DIR is too deep for munge's socket ({paths.munge_socket}); choose a shorter path"
             )
+
+    def write_health_check(self, paths):
+        """Slurm's HealthCheckProgram for every node: drains a node whose spool disk is nearly full.
+
+        slurmd runs it as root with only SLURMD_NODENAME set, so it names every path in full.
+        """
+        faults = paths.root / "faults"
+        script = f"""#!/bin/bash
+# Written by the console's local backend: a light check slurmd runs every HealthCheckInterval.
+export SLURM_CONF={paths.conf}
+used=$(/usr/bin/df --output=pcent {paths.spool} | /usr/bin/tail -1 | /usr/bin/tr -dc 0-9)
+if [ -f {faults}/$SLURMD_NODENAME.json ] && /usr/bin/grep -q disk_full {faults}/$SLURMD_NODENAME.json; then used=100; fi
+if [ "${{used:-0}}" -ge 95 ]; then
+  /usr/bin/scontrol update nodename=$SLURMD_NODENAME state=drain reason="tcc disk: spool $used% used"
+fi
+exit 0
+"""
+        path = paths.root / "healthcheck.sh"
+        if not path.exists() or path.read_text() != script:
+            path.write_text(script)
+            path.chmod(0o755)
 
     def start_munged(self, paths):
         if processes.find_pids("munged", str(paths.munge_socket)):
@@ -392,6 +414,9 @@ class LocalBackend(Backend):
             # Every node is this host: no message fan-out through other slurmds.
             "TreeWidth=65533",
             "MailProg=/bin/true",
+            f"HealthCheckProgram={paths.root}/healthcheck.sh",
+            "HealthCheckInterval=10",
+            "HealthCheckNodeState=ANY",
             "",
         ]
         by_pool, shapes = {}, {}

@@ -45,10 +45,11 @@ def detect(cluster):
         return {}  # Slurm itself is not answering: that is not a node's fault
     found = {}
     for node in cluster.nodes.filter(node_pool__role=NodeRole.COMPUTE, state=NodeState.READY):
-        state, reason = node.slurm_state.lower(), node.slurm_reason
-        if state.startswith("down"):
+        # slurm_state is the base state plus flags, e.g. "down+not_responding" or "idle+drain".
+        parts, reason = node.slurm_state.lower().split("+"), node.slurm_reason
+        if parts[0] == "down":
             found[node.name] = ("unresponsive", f"Slurm marked it {node.slurm_state} ({reason or 'no reason'})")
-        elif state.startswith("drain") and reason.startswith(REASON_PREFIX):
+        elif ("drain" in parts or parts[0] in ("drain", "drained", "draining")) and reason.startswith(REASON_PREFIX):
             failure = reason[len(REASON_PREFIX) :].split(":")[0]
             if failure in policy():
                 found[node.name] = (failure, f"still drained after '{reason}'")
