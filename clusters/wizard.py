@@ -8,7 +8,6 @@ field key lands next to that field.
 import copy
 import re
 
-from .spec import pool_node_count
 from .spec.catalog import machine_type_info
 
 STEPS = [
@@ -399,9 +398,6 @@ def compute_rows(spec):
                 "disk_type": pool.get("boot_disk", {}).get("boot_disk_type", "pd-balanced"),
                 "disk_size": pool.get("boot_disk", {}).get("boot_disk_size_gb", 100),
                 "partition": partition_of.get(pool.get("id"), ""),
-                "nodes": pool_node_count(pool)
-                if isinstance(pool.get("scaling_spec", {}).get("min_node_count"), int)
-                else 0,
             }
         )
     return rows

@@ -214,7 +214,10 @@ def render_script(run_name, launch, work_dir):
 def preview(cluster, data):
     """(launch, script) without submitting: what the launch page shows before Submit."""
     launch = validate_launch(cluster, data)
-    work_dir = run_dir(cluster, "<run-id>")
+    try:
+        work_dir = run_dir(cluster, "<run-id>")
+    except BackendError as exc:
+        raise LaunchError({"cluster": [str(exc)]}) from None
     return launch, render_script(f"{launch['recipe']['id']}", launch, work_dir)
 
 
