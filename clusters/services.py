@@ -47,12 +47,14 @@ class QuotaExceeded(ConsoleError):
 
 # -- requests ---------------------------------------------------------------------------------
 
+CLUSTER_ID_RULE = "must be 1-63 lowercase letters, digits or hyphens, starting with a letter"
+
 
 def validate_request(name, spec):
     """The validated spec; raises SpecError naming every bad field, the cluster id among them."""
     errors = {}
     if not isinstance(name, str) or not RESOURCE_ID.match(name):
-        errors["cluster_id"] = ["must be 1-63 lowercase letters, digits or hyphens, starting with a letter"]
+        errors["cluster_id"] = [CLUSTER_ID_RULE]
     try:
         spec = validate_spec(spec, backends=all_backends())
     except SpecError as exc:
@@ -62,36 +64,43 @@ def validate_request(name, spec):
     return spec
 
 
-def create_cluster(*, project, name, spec, user=None, location=""):
-    """Validate, record the cluster with its pools, partitions and nodes, and enqueue provisioning."""
+def checked_create(project, name, spec, location=""):
+    """The validated spec of a create (or dry run), after the location, backend and quota checks."""
     spec = validate_request(name, spec)
     if location and location != region_of(spec):
         raise SpecError({"node_pools[0].zone": [f"must be a zone of {location}, the location in the request path"]})
     check_backend(project, spec)
     check_quota(project, spec)
+    return spec
+
+
+def new_cluster(*, project, name, spec, status, user):
+    """The Cluster row, unless a live cluster holds the id (call inside a transaction)."""
+    if Cluster.objects.live().filter(project=project, name=name).exists():
+        raise AlreadyExists(f"Cluster '{name}' already exists in project '{project.slug}'")
+    return Cluster.objects.create(
+        project=project,
+        name=name,
+        location=region_of(spec),
+        backend=backend_of(spec),
+        spec=spec,
+        status=status,
+        created_by=user,
+    )
+
+
+def create_cluster(*, project, name, spec, user=None, location=""):
+    """Validate, record the cluster with its pools, partitions and nodes, and enqueue provisioning."""
+    spec = checked_create(project, name, spec, location)
     with transaction.atomic():
-        if Cluster.objects.live().filter(project=project, name=name).exists():
-            raise AlreadyExists(f"Cluster '{name}' already exists in project '{project.slug}'")
-        cluster = Cluster.objects.create(
-            project=project,
-            name=name,
-            location=region_of(spec),
-            backend=backend_of(spec),
-            spec=spec,
-            status=ClusterStatus.PROVISIONING,
-            created_by=user,
-        )
+        cluster = new_cluster(project=project, name=name, spec=spec, status=ClusterStatus.PROVISIONING, user=user)
         build_topology(cluster, spec)
         return start_operation(cluster, OperationKind.CREATE, user, f"Create requested by {user or 'system'}")
 
 
 def dry_run(*, project, name, spec, location=""):
     """What a create would make, named as the backend will name it, and what it costs; creates nothing."""
-    spec = validate_request(name, spec)
-    if location and location != region_of(spec):
-        raise SpecError({"node_pools[0].zone": [f"must be a zone of {location}, the location in the request path"]})
-    check_backend(project, spec)
-    check_quota(project, spec)
+    spec = checked_create(project, name, spec, location)
     lines, total = cost(spec)
     backend = get_backend(backend_of(spec))
     return {
@@ -106,20 +115,10 @@ def dry_run(*, project, name, spec, location=""):
 def create_draft(*, project, name, spec, user=None):
     """A DRAFT cluster holding a spec in progress (the wizard's); nothing is validated but the id."""
     if not isinstance(name, str) or not RESOURCE_ID.match(name):
-        raise SpecError({"cluster_id": ["must be 1-63 lowercase letters, digits or hyphens, starting with a letter"]})
+        raise SpecError({"cluster_id": [CLUSTER_ID_RULE]})
     spec = normalize(spec) if isinstance(spec, dict) else {}
     with transaction.atomic():
-        if Cluster.objects.live().filter(project=project, name=name).exists():
-            raise AlreadyExists(f"Cluster '{name}' already exists in project '{project.slug}'")
-        cluster = Cluster.objects.create(
-            project=project,
-            name=name,
-            location=region_of(spec),
-            backend=backend_of(spec),
-            spec=spec,
-            status=ClusterStatus.DRAFT,
-            created_by=user,
-        )
+        cluster = new_cluster(project=project, name=name, spec=spec, status=ClusterStatus.DRAFT, user=user)
         record_event(cluster, f"Draft started by {user or 'system'}")
     return cluster
 
@@ -130,9 +129,7 @@ def save_draft(cluster, spec, name=None):
     fields = {"spec": spec, "location": region_of(spec), "backend": backend_of(spec), "updated": timezone.now()}
     if name is not None and name != cluster.name:
         if not isinstance(name, str) or not RESOURCE_ID.match(name):
-            raise SpecError(
-                {"cluster_id": ["must be 1-63 lowercase letters, digits or hyphens, starting with a letter"]}
-            )
+            raise SpecError({"cluster_id": [CLUSTER_ID_RULE]})
         if Cluster.objects.live().filter(project=cluster.project, name=name).exclude(pk=cluster.pk).exists():
             raise SpecError({"cluster_id": [f"a cluster named '{name}' already exists in this project"]})
         fields["name"] = name
