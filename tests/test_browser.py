@@ -62,8 +62,9 @@ def test_alice_reaches_a_ready_cluster_from_a_reference_architecture(page, live_
     # htmx polls the operation and swaps the status badge in when it changes.
     page.locator("#cluster-status", has_text="Ready").wait_for(timeout=90_000)
     assert page.locator(".progress-label .pct").text_content() == "100%"
-    page.locator("#nodes td", has_text="idle").first.wait_for()
-    assert page.locator("#nodes .badge", has_text="idle").count() == 2
+    # The nodes table refreshes every 5 s; wait for the poll that shows both nodes idle.
+    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api.expect(page.locator("#nodes .badge", has_text="idle")).to_have_count(2, timeout=20_000)
     assert Cluster.objects.get(name="refcpu").status == ClusterStatus.READY
 
 
