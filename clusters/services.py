@@ -510,31 +510,39 @@ def list_jobs(cluster, limit=200):
 
 
 def record_jobs(cluster, jobs):
+    """Store Slurm's view of each job; pages poll this, so only new or changed jobs are written."""
+
     def when(epoch):
         return datetime.fromtimestamp(epoch, tz=UTC) if epoch else None
 
     now = timezone.now()
-    live = set()
-    for job in jobs:
-        live.add(job.job_id)
-        SlurmJob.objects.update_or_create(
-            cluster=cluster,
-            job_id=job.job_id,
-            defaults={
-                "name": job.name[:200],
-                "user": job.user[:64],
-                "state": job.state,
-                "partition": job.partition,
-                "nodes": job.nodes[:500],
-                "node_count": job.node_count,
-                "reason": "" if job.reason == "None" else job.reason[:200],
-                "exit_code": job.exit_code,
-                "submit_time": when(job.submit_time),
-                "start_time": when(job.start_time),
-                "end_time": when(job.end_time) if job.state not in ACTIVE_JOB_STATES else None,
-                "seen": now,
-            },
-        )
+    fields = {
+        job.job_id: {
+            "name": job.name[:200],
+            "user": job.user[:64],
+            "state": job.state,
+            "partition": job.partition,
+            "nodes": job.nodes[:500],
+            "node_count": job.node_count,
+            "reason": "" if job.reason == "None" else job.reason[:200],
+            "exit_code": job.exit_code,
+            "submit_time": when(job.submit_time),
+            "start_time": when(job.start_time),
+            "end_time": when(job.end_time) if job.state not in ACTIVE_JOB_STATES else None,
+        }
+        for job in jobs
+    }
+    live = set(fields)
+    known = {row.job_id: row for row in cluster.slurm_jobs.filter(job_id__in=live)}
+    SlurmJob.objects.bulk_create(
+        SlurmJob(cluster=cluster, job_id=job_id, seen=now, **values)
+        for job_id, values in fields.items()
+        if job_id not in known
+    )
+    for job_id, row in known.items():
+        if any(getattr(row, key) != value for key, value in fields[job_id].items()):
+            SlurmJob.objects.filter(pk=row.pk).update(**fields[job_id])
+    cluster.slurm_jobs.filter(job_id__in=live).update(seen=now)
     cluster.slurm_jobs.filter(state__in=ACTIVE_JOB_STATES).exclude(job_id__in=live).update(
         state="UNKNOWN", reason="Slurm no longer reports this job"
     )
