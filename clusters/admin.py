@@ -3,9 +3,10 @@
 import json
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 
 from .backends import all_backends
+from .health import faults
 from .models import Cluster, ClusterEvent, Node, NodePool, Operation, Partition, Project, SlurmJob
 from .spec import SpecError, validate_spec
 
@@ -60,11 +61,27 @@ class PartitionAdmin(admin.ModelAdmin):
     list_display = ["name", "cluster", "is_default"]
 
 
+def fault_action(kind):
+    """An admin action injecting `kind` into the selected nodes (local backend only; others get an error)."""
+
+    def action(model_admin, request, queryset):
+        for node in queryset.select_related("cluster"):
+            try:
+                model_admin.message_user(request, f"{node.cluster}: {faults.inject(node.cluster, node.name, kind)}")
+            except faults.FaultError as exc:
+                model_admin.message_user(request, f"{node.cluster} {node.name}: {exc}", level=messages.ERROR)
+
+    action.__name__ = f"inject_{kind}"
+    action.short_description = f"Inject fault: {kind.replace('_', ' ')} ({faults.KINDS[kind]})"
+    return action
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = ["name", "cluster", "node_pool", "state", "slurm_state", "slurm_reason", "slurm_seen"]
     list_filter = ["state"]
     search_fields = ["name", "cluster__name"]
+    actions = [fault_action(kind) for kind in faults.KINDS]
 
 
 @admin.register(Operation)

@@ -3,7 +3,7 @@
 It reads the resolved run config (a JSON file the console writes), builds the recipe's model from
 transformers' Llama / Gemma config classes, and trains with torch.distributed: NCCL when GPUs exist,
 gloo on CPU. Ranks come from torchrun's variables or, under plain srun, from Slurm's
-(SLURM_PROCID, SLURM_NTASKS, the first node of SLURM_JOB_NODELIST as the rendezvous host).
+(SLURM_PROCID, SLURM_NTASKS; see clusters/rendezvous.py for the rendezvous host and port).
 
 Checkpoints are atomic (written to a temporary folder, then renamed) every `checkpoint_every` steps
 and hold the model, optimizer, scheduler, every rank's RNG states, the step and the data position,
@@ -20,8 +20,6 @@ import math
 import os
 import random
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -127,35 +125,6 @@ def build_model(config):
     return LlamaForCausalLM(LlamaConfig(**common))
 
 
-def dist_env():
-    """(rank, world size, local rank), from torchrun or from Slurm."""
-    if "RANK" in os.environ:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
-    if "SLURM_PROCID" in os.environ:
-        rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
-        os.environ.setdefault("MASTER_ADDR", first_host())
-        os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000))
-        return rank, world, int(os.environ.get("SLURM_LOCALID", 0))
-    return 0, 1, 0
-
-
-def first_host():
-    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
-    if not nodelist:
-        return "127.0.0.1"
-    try:
-        first = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10
-        ).stdout.split()[0]
-        address = subprocess.run(["scontrol", "show", "node", first], capture_output=True, text=True, timeout=10).stdout
-        for field in address.split():
-            if field.startswith("NodeAddr="):
-                return field.split("=", 1)[1]
-        return socket.gethostbyname(first)
-    except (OSError, IndexError, subprocess.SubprocessError):
-        return "127.0.0.1"
-
-
 def rng_state():
     import numpy as np
     import torch
@@ -240,6 +209,8 @@ def train(config):
     import torch
     import torch.distributed as dist
     from torch.utils.tensorboard import SummaryWriter
+
+    from clusters.rendezvous import dist_env
 
     rank, world, local_rank = dist_env()
     use_gpu = torch.cuda.is_available() and config.get("device", "auto") != "cpu"

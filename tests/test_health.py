@@ -10,7 +10,7 @@ from django.core.management import call_command
 from clusters import services
 from clusters.backends import get_backend
 from clusters.choices import OperationStatus
-from clusters.health.scans import faults_dir
+from clusters.health.faults import faults_dir
 from clusters.models import HealthResult, Operation
 
 from .conftest import api_client_for, module_cluster
@@ -58,12 +58,18 @@ def test_a_healthy_cluster_passes_and_skips_gpu_checks_without_gpus(hana_api, cl
         # Both "nodes" share this host's cores, so a little noise may make one a mild straggler.
         assert results[(node, "speed")].status in ("pass", "warn")
         assert results[(node, "speed")].values["gflops"] > 0
+        # gloo all-reduce and a ping-pong between the two nodes, both measured.
+        link = results[(node, "interconnect")]
+        assert link.status == "pass", link.reason
+        assert link.values["backend"] == "gloo" and link.values["nodes"] == 2
+        assert link.values["busbw_gbps"] > 0
+        assert set(link.values["pairs"]) == {"cpu-0", "cpu-1"} - {node}
         for gpu_check in ("gpu_inventory", "ecc", "dcgm"):
             assert results[(node, gpu_check)].status == "skipped"
             assert "no GPU" in results[(node, gpu_check)].reason
     assert cluster.events.filter(message__startswith="Health scan done: ").exists()
     listed = hana_api.get(SCANS).json()[0]
-    assert len(listed["results"]) == 12
+    assert len(listed["results"]) == 14  # 7 checks x 2 nodes
 
 
 def test_a_perturbed_node_fails_correctness_alone(hana_api):

@@ -13,6 +13,8 @@ from pathlib import Path
 PASS, WARN, FAIL, SKIPPED = "pass", "warn", "fail", "skipped"
 STATUSES = (PASS, WARN, FAIL, SKIPPED)
 CHECKS = {}
+# Checks every node of a scan job runs together (a collective); the agent runs them after the rest.
+COLLECTIVE = {"interconnect"}
 
 
 @dataclass
@@ -42,6 +44,6 @@ def thresholds():
 
 
 def load_checks():
-    from .checks import correctness, dcgm, disk, ecc, gpu_inventory, speed  # noqa: F401 - they register
+    from .checks import correctness, dcgm, disk, ecc, gpu_inventory, interconnect, speed  # noqa: F401
 
     return CHECKS

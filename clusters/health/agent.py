@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import FAIL, load_checks
+from . import COLLECTIVE, FAIL, load_checks
 
 
 def main(context_path, out_dir):
@@ -21,7 +21,8 @@ def main(context_path, out_dir):
     context["faults"] = json.loads(faults_file.read_text()) if faults_file.exists() else {}
     checks = load_checks()
     results = {}
-    for name in context["checks"]:
+    # Collective checks last, so every node reaches them after its own checks, near the same time.
+    for name in sorted(context["checks"], key=lambda c: c in COLLECTIVE):
         started = time.perf_counter()
         try:
             result = checks[name](context).as_dict()

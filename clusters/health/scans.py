@@ -20,8 +20,9 @@ from ..backends import PermanentBackendError, TransientBackendError, get_backend
 from ..backends.base import Step
 from ..choices import NodeRole, OperationKind, OperationStatus
 from ..models import HealthResult, Operation
-from . import FAIL, WARN, load_checks, thresholds
+from . import FAIL, PASS, WARN, load_checks, thresholds
 from .checks.correctness import checksum
+from .faults import faults_dir
 
 SCAN_TIMEOUT = 1800
 
@@ -61,10 +62,6 @@ def start_scan(*, cluster, checks=None, user=None):
 def scan_dir(operation):
     cluster = operation.cluster
     return Path(get_backend(cluster.backend).shared_dir(cluster)) / "scans" / str(operation.uuid)
-
-
-def faults_dir(cluster):
-    return Path(get_backend(cluster.backend).shared_dir(cluster)).parent / "faults"
 
 
 def partitions(cluster):
@@ -202,6 +199,7 @@ def evaluate(operation):
             others = [n for n, v in sums.items() if v != value]
             if len(others) > len(sums) / 2 and reports[node]["correctness"]["status"] != FAIL:
                 reports[node]["correctness"].update(status=FAIL, reason=f"differs from {', '.join(others)}")
+    evaluate_links(reports)
     HealthResult.objects.filter(operation=operation).delete()  # a rerun of this step records once
     HealthResult.objects.bulk_create(
         HealthResult(
@@ -217,6 +215,47 @@ def evaluate(operation):
         for node, results in reports.items()
         for name, result in results.items()
     )
+
+
+def evaluate_links(reports):
+    """Judge each node's links against a reference pair speed: slow to every peer means its own link."""
+    measured = {
+        n: r["interconnect"]["values"] for n, r in reports.items() if r.get("interconnect", {}).get("status") == PASS
+    }
+    pairs = {}
+    for node, values in measured.items():
+        for peer, gbps in values["pairs"].items():
+            key = tuple(sorted((node, peer)))
+            pairs[key] = min(gbps, pairs.get(key, gbps))
+    if not pairs:
+        return
+    limits = thresholds()["interconnect"]
+    # The reference is the median over nodes of each node's best pair: a bad node's pairs are many
+    # (n-1 of them) but it is one node, so fewer than half the nodes bad still leave a true reference.
+    best = [max((v for k, v in pairs.items() if node in k), default=0) for node in measured]
+    median = statistics.median(best)
+    floor = limits["min_busbw_gbps"].get(next(iter(measured.values()))["backend"], 0)
+    # With three or more nodes a slow pair stands out; with two, only the floor can tell.
+    relative = len(measured) >= 3
+    slow = {k for k, v in pairs.items() if v < floor or (relative and v < limits["slow_link_fraction"] * median)}
+    for node, values in measured.items():
+        result = reports[node]["interconnect"]
+        result["threshold"] = {
+            "reference_gbps": round(median, 3),
+            "slow_link_fraction": limits["slow_link_fraction"],
+            "min_gbps": floor,
+        }
+        peers = sorted(values["pairs"])
+        slow_peers = [p for p in peers if tuple(sorted((node, p))) in slow]
+        if values["busbw_gbps"] < floor:
+            result.update(status=WARN, reason=f"all-reduce bus bandwidth {values['busbw_gbps']} GB/s is below {floor}")
+        if not slow_peers:
+            continue
+        shown = ", ".join(f"{p} {pairs[tuple(sorted((node, p)))]} GB/s" for p in slow_peers)
+        if len(slow_peers) == len(peers) and len(peers) >= 2:
+            result.update(status=FAIL, reason=f"slow to every peer ({shown}; reference {median:.3f} GB/s): its link")
+        else:
+            result.update(status=WARN, reason=f"slow link to {shown} (reference {median:.3f} GB/s)")
 
 
 def latest_results(cluster):

@@ -1,0 +1,52 @@
+"""Fault injection for the local backend: rehearse scans and repairs on a cluster of this machine.
+
+Faults other than kill_node are a small JSON file per node in the cluster's faults folder, which the
+health agent reads on that node; kill_node kills the node's slurmd and job steps at once.
+Used by `manage.py inject_fault` and the Node admin's actions.
+"""
+
+import json
+from pathlib import Path
+
+from ..backends import get_backend
+
+KINDS = {
+    "perturb": "the correctness check computes a slightly wrong result",
+    "slow": "the speed check is throttled (VALUE 0-10, default 5)",
+    "slow_link": "every message of the interconnect check waits VALUE x 10 ms first (default 5: 50 ms)",
+    "disk_full": "the disk check sees no free space",
+    "kill_node": "the node dies: its slurmd and job steps are killed at once (Slurm marks it down)",
+    "clear": "remove every fault of the node",
+}
+VALUED = {"slow", "slow_link"}
+
+
+class FaultError(Exception):
+    pass
+
+
+def faults_dir(cluster):
+    return Path(get_backend(cluster.backend).shared_dir(cluster)).parent / "faults"
+
+
+def inject(cluster, node, kind, value=5):
+    """Inject `kind` into `node`; returns a sentence saying what the node has now."""
+    if kind not in KINDS:
+        raise FaultError(f"unknown fault {kind!r}; choose from: {', '.join(KINDS)}")
+    if cluster.backend != "local":
+        raise FaultError("Fault injection is for the local backend only")
+    if not cluster.nodes.filter(name=node).exists():
+        raise FaultError(f"{cluster} has no node {node}")
+    if kind == "kill_node":
+        get_backend("local").kill_node(cluster, node)
+        return f"{node}: slurmd and its job steps killed"
+    folder = faults_dir(cluster)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{node}.json"
+    faults = json.loads(path.read_text()) if path.exists() else {}
+    if kind == "clear":
+        faults = {}
+    else:
+        faults[kind] = value if kind in VALUED else True
+    path.write_text(json.dumps(faults))
+    return f"{node}: {faults or 'no faults'}"
