@@ -11,6 +11,7 @@ It keeps resources in memory and answers on 127.0.0.1 only:
 - Service Networking (`/v1/services/servicenetworking.googleapis.com/connections`): create, list, delete.
 - Secret Manager (`/sm/v1/projects/P/secrets`): create, get, delete, addVersion, list versions, access.
 - `instances/NAME/setMetadata`, with the fingerprint check Compute makes.
+- `instances/NAME/reset` and `/start` (counted on the instance as `resets` / `starts`).
 
 Errors are injected with `inject()`: an HTTP error, or an operation that ends with an error, for the
 next N requests matching a method and a path pattern. Every request is counted in `calls`.
@@ -200,6 +201,15 @@ class FakeGoogleCloud:
         error = {"code": injection.code, "message": injection.message} if injection else None
         if collection == "instances" and len(rest) == 2 and rest[1] == "bulkInsert" and method == "POST":
             return self._bulk_insert(scope_path, scope_url, body, error)
+        if collection == "instances" and len(rest) == 3 and rest[2] in ("reset", "start") and method == "POST":
+            key = f"{collection_path}/{rest[1]}"
+            if key not in self.resources:
+                return 404, http_error(404, f"The resource '{key}' was not found", "notFound")
+            if rest[2] == "reset" and self.resources[key]["status"] != "RUNNING":
+                return 400, http_error(400, f"Instance '{rest[1]}' is not running", "resourceNotReady")
+            self.resources[key][f"{rest[2]}s"] = self.resources[key].get(f"{rest[2]}s", 0) + 1
+            self.resources[key]["status"] = "RUNNING"
+            return 200, self._operation(scope_url, self.endpoint + key, rest[2], error)
         if collection == "instances" and len(rest) == 3 and rest[2] == "setMetadata" and method == "POST":
             key = f"{collection_path}/{rest[1]}"
             if key not in self.resources:
@@ -383,6 +393,8 @@ NOUNS = {
     "connections",
     "operations",
     "setMetadata",
+    "reset",
+    "start",
     "secrets",
     "versions",
 }

@@ -261,3 +261,36 @@ def test_the_munge_key_lives_only_in_secret_manager(fake, alpha, alice):
     step = next(s for s in get_backend("gce").apply_steps(cluster) if s.name == "Create the munge key secret")
     step.run()  # a rerun adds no second key
     assert len(fake.secret_versions[secret]) == 1
+
+
+def test_a_stopped_instance_is_repaired_through_compute_and_the_controllers_metadata(fake, alpha, alice, settings):
+    import json
+
+    from clusters.health import repair
+
+    settings.AUTO_REPAIR = True
+    services.run_operation(create(alpha, alice, gce_spec(nodes=2)).pk)
+    cluster = Cluster.objects.get()
+    assert cluster.status == ClusterStatus.READY
+    assert "(no first health scan: the gce backend cannot run jobs" in cluster.events.first().message
+    prefix = names("alpha", "ultra").prefix
+    worker = fake.resources[f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-a3ultra-1"]
+    worker["status"] = "TERMINATED"  # a host error took the machine down
+    fix = repair.watch(cluster)
+    assert (fix.params["node"], fix.params["failure"], fix.params["action"]) == ("a3ultra-1", "unresponsive", "reboot")
+    services.run_operation(fix.pk)
+    fix.refresh_from_db()
+    assert fix.status == OperationStatus.SUCCEEDED, fix.error
+    assert worker["status"] == "RUNNING" and worker["starts"] == 1  # started: a reset needs a running machine
+    states = json.loads(metadata(fake, "ctl")["tcc-node-states"])
+    assert states == {"a3ultra-1": {"state": "RESUME", "reason": ""}}  # drained, then resumed
+    backend = get_backend("gce")
+    backend.drain(cluster, "a3ultra-0", "tcc speed: reboot")
+    backend.reboot(cluster, "a3ultra-0")
+    states = json.loads(metadata(fake, "ctl")["tcc-node-states"])
+    assert states["a3ultra-0"] == {"state": "DRAIN", "reason": "tcc speed: reboot"}
+    path = f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-a3ultra-0"
+    assert fake.resources[path]["resets"] == 1
+    fake.resources[path]["marker"] = "old disk"
+    backend.reinstall(cluster, "a3ultra-0")
+    assert path in fake.resources and "marker" not in fake.resources[path]  # made again from the template

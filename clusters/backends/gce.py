@@ -14,6 +14,7 @@ because the library's own `.result()` polling does not honour a custom endpoint.
 """
 
 import hashlib
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -242,16 +243,20 @@ class GceBackend(Backend):
             Step("Delete the munge key secret", ctx.delete_munge_secret),
         ]
 
+    # Instance states in which the machine is gone for Slurm: the repair watcher takes them as "down".
+    STOPPED = {"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"}
+
     def node_statuses(self, cluster):
-        """Compute nodes' instance states (lower case), until the console reaches the cluster's slurmrestd."""
+        """Compute nodes' instance states (lower case), until the console reaches the cluster's slurmrestd;
+        a stopped or terminated instance (host error, preemption) reads as down."""
         from .base import NodeStatus
 
         ctx = Context(self, cluster)
         return [
             NodeStatus(
                 name=instance.name.removeprefix(f"{ctx.n.prefix}-"),
-                state=instance.status.lower(),
-                reason="Compute Engine instance state",
+                state="down" if instance.status in self.STOPPED else instance.status.lower(),
+                reason=f"Compute Engine instance {instance.status}",
                 partitions=[instance.labels.get("tcc-pool", "")],
             )
             for instance in ctx.list_instances()
@@ -260,6 +265,24 @@ class GceBackend(Backend):
 
     def jobs(self, cluster):
         return []
+
+    # -- remediation --------------------------------------------------------------------------
+    # Drain and resume go through the controller's metadata (key `tcc-node-states`), which its
+    # agent (gce_startup.sh) applies with scontrol; reboot is an instance reset; reinstall deletes
+    # the instance and makes it again from the pool's template. Replace needs nothing here: it is
+    # a resize (apply_steps) that adds one node and removes another.
+
+    def drain(self, cluster, node, reason):
+        Context(self, cluster).set_node_state(node, "DRAIN", reason)
+
+    def resume(self, cluster, node):
+        Context(self, cluster).set_node_state(node, "RESUME", "")
+
+    def reboot(self, cluster, node):
+        Context(self, cluster).reset_instance(node)
+
+    def reinstall(self, cluster, node):
+        Context(self, cluster).recreate_instance(node)
 
 
 class Clients:
@@ -791,29 +814,79 @@ class Context:
 
     def update_slurm_conf(self):
         """After a resize, give the controller and login nodes the new node list (their agent reconfigures)."""
+        wanted = {item.key: item.value for item in self.slurm_items()}
+        for name in self.head_names():
+            self.change_metadata(name, lambda items: {**items, **wanted}, f"updating slurm.conf on {name}")
+
+    NODE_STATES = "tcc-node-states"
+
+    def set_node_state(self, node, state, reason):
+        """Record the node's wanted Slurm admin state in the controller's metadata; its agent runs
+        `scontrol update nodename=NODE state=STATE reason=REASON` on each change."""
+
+        def change(items):
+            states = json.loads(items.get(self.NODE_STATES) or "{}")
+            states[node] = {"state": state, "reason": reason[:100]}
+            return {**items, self.NODE_STATES: json.dumps(states, sort_keys=True)}
+
+        what = f"{state.lower()} {node}"
+        if not self.change_metadata(self.n.controller, change, what):
+            raise PermanentBackendError(f"{what}: the controller {self.n.controller} does not exist")
+
+    def change_metadata(self, name, change, what):
+        """Apply `change(items) -> items` to an instance's metadata with Compute's fingerprint check,
+        reading again when a concurrent change moved it. False when the instance does not exist."""
         from google.api_core import exceptions
         from google.cloud import compute_v1
 
-        wanted = {item.key: item.value for item in self.slurm_items()}
-        for name in self.head_names():
-            instance = self.get(lambda n=name: self.c.instances.get(project=self.project, zone=self.zone, instance=n))
+        for _ in range(3):
+            instance = self.get(lambda: self.c.instances.get(project=self.project, zone=self.zone, instance=name))
             if instance is None:
-                continue
+                return False
             items = {item.key: item.value for item in instance.metadata.items}
-            if all(items.get(k) == v for k, v in wanted.items()):
-                continue
-            items.update(wanted)
+            wanted = change(items)
+            if wanted == items:
+                return True
             metadata = compute_v1.Metadata(
                 fingerprint=instance.metadata.fingerprint,
-                items=[compute_v1.Items(key=k, value=v) for k, v in items.items()],
+                items=[compute_v1.Items(key=k, value=v) for k, v in wanted.items()],
             )
             try:
                 operation = self.c.instances.set_metadata_unary(
                     project=self.project, zone=self.zone, instance=name, metadata_resource=metadata
                 )
+            except exceptions.PreconditionFailed:
+                continue
             except exceptions.GoogleAPICallError as exc:
-                raise map_api_error(exc, f"updating slurm.conf on {name}") from None
-            self.wait(operation, f"updating slurm.conf on {name}")
+                raise map_api_error(exc, what) from None
+            self.wait(operation, what)
+            return True
+        raise TransientBackendError(f"{what}: the instance's metadata kept changing; will retry")
+
+    def reset_instance(self, node):
+        """Reset a running instance; start one that has stopped (a reset needs a running machine)."""
+        from google.api_core import exceptions
+
+        name = self.n.instance(node)
+        instance = self.get(lambda: self.c.instances.get(project=self.project, zone=self.zone, instance=name))
+        stopped = instance is not None and instance.status != "RUNNING"
+        action = self.c.instances.start_unary if stopped else self.c.instances.reset_unary
+        try:
+            operation = action(project=self.project, zone=self.zone, instance=name)
+        except exceptions.NotFound:
+            raise PermanentBackendError(f"cannot reboot {node}: instance {name} does not exist") from None
+        except exceptions.GoogleAPICallError as exc:
+            raise map_api_error(exc, f"resetting {name}") from None
+        self.wait(operation, f"resetting {name}")
+        self.wait_running()
+
+    def recreate_instance(self, node):
+        """A fresh boot disk from the pool's template: delete the instance, bulkInsert it again."""
+        found = self.cluster.nodes.select_related("node_pool").get(name=node)
+        pool = next(p for p in self.compute_pools if p["id"] == found.node_pool.pool_id)
+        self.delete_each([i for i in self.list_instances(pool["id"]) if i.name == self.n.instance(node)])
+        self.create_workers(pool)
+        self.wait_running()
 
     @property
     def secret_name(self):

@@ -56,6 +56,33 @@ case "$ROLE" in
     # Reload when the console changes the node list (a resize sets new metadata).
     nohup bash -c "while curl -sf -H Metadata-Flavor:Google '$META/slurm-conf?wait_for_change=true' >/dev/null; do
       $(declare -f write_conf); META=$META write_conf; systemctl restart slurmctld; done" >/var/log/tcc-conf-agent.log 2>&1 &
+    # Drain / resume asked by the console's repairs: tcc-node-states is {node: {state, reason}}.
+    cat > /usr/local/bin/tcc-node-states <<'AGENT'
+#!/usr/bin/env python3
+# Apply only the entries that changed since the last run: re-applying an old RESUME would undo a
+# drain Slurm made since (HealthCheckProgram).
+import json, pathlib, subprocess, sys
+seen = pathlib.Path("/var/lib/tcc/node-states.json")
+before = json.loads(seen.read_text()) if seen.exists() else {}
+wanted = json.load(sys.stdin)
+for node, want in sorted(wanted.items()):
+    if before.get(node) == want:
+        continue
+    args = ["scontrol", "update", f"nodename={node}", f"state={want['state']}"]
+    if want.get("reason"):
+        args.append(f"reason={want['reason']}")
+    subprocess.run(args, check=False)  # resuming an idle node is refused by Slurm: harmless
+seen.parent.mkdir(parents=True, exist_ok=True)
+seen.write_text(json.dumps(wanted))
+AGENT
+    chmod 0755 /usr/local/bin/tcc-node-states
+    nohup bash -c "while true; do
+      if states=\$(curl -sf -H Metadata-Flavor:Google '$META/tcc-node-states?wait_for_change=true'); then
+        echo \"\$states\" | /usr/local/bin/tcc-node-states
+      else
+        sleep 10  # no key yet (no repair so far) or the metadata server is busy
+      fi
+    done" >/var/log/tcc-node-states.log 2>&1 &
     ;;
   compute)
     # Configless: slurmd fetches slurm.conf from the controller; the node name is the host name less the prefix.
