@@ -1,5 +1,7 @@
 """Health figures on real local Slurm clusters: scan wall time for 2, 4 and 8 nodes (target: flat,
-within 1.5x from 2 to 8), and time to repair a killed node (-> idle again, -> a requeued job running).
+within 1.5x from 2 to 8), the interconnect check alone (all-reduce + pairwise rounds: n-1 rounds up to
+16 nodes), create -> READY including the first scan, and time to repair a killed node (-> idle again,
+-> a requeued job running).
 
 All nodes share this machine's cores, so the speed check's kernel competes with itself as nodes are
 added; the scan itself (one Slurm step across all nodes in parallel) is what should stay flat.
@@ -43,9 +45,12 @@ from clusters.models import Cluster, Project  # noqa: E402
 def make_cluster(project, user, nodes):
     spec = json.loads((ROOT / "examples" / "cluster-local-cpu.json").read_text())
     spec["node_pools"][1]["scaling_spec"] = {"min_node_count": nodes, "max_node_count": nodes}
+    started = time.perf_counter()
     operation = services.create_cluster(project=project, name=f"h{nodes}", spec=spec, user=user)
     services.run_operation(operation.pk)
-    return Cluster.objects.get(pk=operation.cluster_id)
+    cluster = Cluster.objects.get(pk=operation.cluster_id)
+    assert cluster.status == "READY", cluster.status_message
+    return cluster, time.perf_counter() - started
 
 
 def timed_scan(cluster, checks):
@@ -62,13 +67,14 @@ def main():
     user = get_user_model().objects.create_user("bench")
     project = Project.objects.create(slug="bench", name="Bench")
     project.members.add(user)
-    print("nodes | scan, all checks (s) | scan, correctness+disk (s)")
+    print("nodes | scan, all checks (s) | scan, correctness+disk (s) | interconnect only (s) | create -> READY (s)")
     try:
         for nodes in (2, 4, 8):
-            cluster = make_cluster(project, user, nodes)
+            cluster, ready = make_cluster(project, user, nodes)
             full = timed_scan(cluster, None)
             light = timed_scan(cluster, ["correctness", "disk"])
-            print(f"{nodes:>5} | {full:>20.2f} | {light:>26.2f}")
+            links = timed_scan(cluster, ["interconnect"])
+            print(f"{nodes:>5} | {full:>20.2f} | {light:>26.2f} | {links:>21.2f} | {ready:>18.2f}")
             if nodes != 2:
                 services.run_operation(services.delete_cluster(cluster=cluster, user=user).pk)
         cluster = Cluster.objects.get(name="h2")

@@ -6,6 +6,8 @@ from django.db import models
 class ClusterStatus(models.TextChoices):
     DRAFT = "DRAFT", "Draft"
     PROVISIONING = "PROVISIONING", "Provisioning"
+    # Provisioned, but its first health scan found failures that are being repaired: no jobs yet.
+    VERIFYING = "VERIFYING", "Verifying"
     READY = "READY", "Ready"
     DEGRADED = "DEGRADED", "Degraded"
     UPDATING = "UPDATING", "Updating"
@@ -24,8 +26,13 @@ class ClusterStatus(models.TextChoices):
         return {cls.READY, cls.DEGRADED}
 
     @classmethod
+    def watched(cls):
+        """Its nodes are up: the console watches, scans and repairs them."""
+        return cls.usable() | {cls.VERIFYING}
+
+    @classmethod
     def deletable(cls):
-        return {cls.DRAFT, cls.READY, cls.DEGRADED, cls.FAILED}
+        return {cls.DRAFT, cls.VERIFYING, cls.READY, cls.DEGRADED, cls.FAILED}
 
     @classmethod
     def live(cls):
@@ -36,6 +43,7 @@ class ClusterStatus(models.TextChoices):
 CLUSTER_STATUS_COLOURS = {
     ClusterStatus.DRAFT: "grey",
     ClusterStatus.PROVISIONING: "blue",
+    ClusterStatus.VERIFYING: "amber",
     ClusterStatus.READY: "green",
     ClusterStatus.DEGRADED: "amber",
     ClusterStatus.UPDATING: "blue",

@@ -363,6 +363,8 @@ class HealthResult(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["operation", "node", "check_name"], name="unique_result_per_scan")
         ]
+        # The newest result per node and check (the health grid, outstanding failures, node history).
+        indexes = [models.Index(fields=["cluster", "node", "check_name", "id"], name="result_history")]
 
     def __str__(self):
         return f"{self.node} {self.check_name}: {self.status}"
@@ -370,3 +372,21 @@ class HealthResult(models.Model):
     @property
     def colour(self):
         return {"pass": "green", "warn": "amber", "fail": "red"}.get(self.status, "grey")
+
+
+class HealthSchedule(models.Model):
+    """A cluster's periodic health scan: every `every_minutes`, the chosen checks, on idle nodes by default."""
+
+    cluster = models.OneToOneField(Cluster, models.CASCADE, related_name="health_schedule")
+    enabled = models.BooleanField(default=True)
+    every_minutes = models.PositiveIntegerField(default=24 * 60)
+    # Check names; empty means every check.
+    checks = models.JSONField(default=list, blank=True)
+    # Scan only nodes with no jobs, so a schedule never waits behind (or slows) a training run.
+    idle_only = models.BooleanField(default=True)
+    next_run = models.DateTimeField(null=True, blank=True)
+    last_run = models.DateTimeField(null=True, blank=True)
+    last_outcome = models.CharField(max_length=300, blank=True)
+
+    def __str__(self):
+        return f"{self.cluster} every {self.every_minutes} min"

@@ -254,6 +254,9 @@ def build_topology(cluster, spec):
     for i, item in enumerate(slurm["partitions"]):
         partition = Partition.objects.create(cluster=cluster, name=item["id"], is_default=i == 0)
         partition.node_pools.set([pools[p] for p in item["node_pool_ids"]])
+    from .health.schedule import schedule_for
+
+    schedule_for(cluster)  # periodic health scans, from the installation's default
 
 
 def node_name(pool, index):
@@ -365,7 +368,7 @@ def run_operation(operation_id, stale_after=None):
             finish_repair(operation)
         else:
             cluster.wanted_nodes().filter(state=NodeState.PENDING).update(state=NodeState.PROVISIONING)
-            run_steps(operation, backend.apply_steps(cluster))
+            run_steps(operation, backend.apply_steps(cluster) + first_scan_steps(operation))
             finish_apply(operation)
     except TransientBackendError as exc:
         operation.release(f"Will retry: {exc}")
@@ -390,39 +393,83 @@ def run_steps(operation, steps):
         )
 
 
+def first_scan_steps(operation):
+    """A create ends with a health scan of every node (the cluster is READY only if it passes)."""
+    from .health import scans
+
+    if operation.kind != OperationKind.CREATE or not settings.HEALTH_SCAN_BEFORE_READY:
+        return []
+    if not get_backend(operation.cluster.backend).runs_jobs:
+        return []
+    return scans.scan_steps(operation, prefix="First health scan: ")
+
+
 def finish_apply(operation):
+    from .health import repair, scans
+
     cluster = operation.cluster
     cluster.nodes.filter(state=NodeState.DELETING).delete()
     cluster.wanted_nodes().update(state=NodeState.READY)
     busy = ClusterStatus.PROVISIONING if operation.kind == OperationKind.CREATE else ClusterStatus.UPDATING
     count = cluster.compute_nodes().count()
-    cluster.set_status(ClusterStatus.READY, expected=[busy])
+    nodes = f"{count} compute node{'s' if count != 1 else ''} idle in Slurm"
+    scanned = operation.health_results.exists()
+    summary, failing = scans.summary(operation) if scanned else ("", False)
+    if failing:
+        message = summary.replace("Health scan done", "First health scan")
+        cluster.set_status(ClusterStatus.VERIFYING, expected=[busy], message=message)
+    else:
+        cluster.set_status(ClusterStatus.READY, expected=[busy])
     operation.finish(OperationStatus.SUCCEEDED)
-    verb = "Cluster ready" if operation.kind == OperationKind.CREATE else "Update done"
-    record_event(cluster, f"{verb}: {count} compute node{'s' if count != 1 else ''} idle in Slurm", operation=operation)
+    if operation.kind == OperationKind.UPDATE:
+        record_event(cluster, f"Update done: {nodes}", operation=operation)
+    elif failing:
+        record_event(
+            cluster,
+            f"Cluster provisioned ({nodes}) but not ready: {cluster.status_message}. "
+            "It becomes ready once every failing node is repaired and passes again.",
+            level=EventLevel.WARNING,
+            operation=operation,
+        )
+        repair.after_health(cluster, operation)
+    elif scanned:
+        record_event(cluster, f"Cluster ready: {nodes}; the first health scan passed", operation=operation)
+    else:
+        note = ""
+        if settings.HEALTH_SCAN_BEFORE_READY:
+            note = f" (no first health scan: the {cluster.backend} backend cannot run jobs from the console yet)"
+        record_event(cluster, f"Cluster ready: {nodes}{note}", operation=operation)
 
 
 def finish_scan(operation):
-    from .health.repair import repair_from_scan
+    from .health.repair import after_health
     from .health.scans import summary
 
     operation.finish(OperationStatus.SUCCEEDED)
     message, failing = summary(operation)
     level = EventLevel.WARNING if failing else EventLevel.INFO
     record_event(operation.cluster, message, level=level, operation=operation)
-    if failing and settings.AUTO_REPAIR:
-        repair_from_scan(operation)
+    after_health(operation.cluster, operation)
 
 
 def finish_repair(operation):
+    from .health.repair import after_health, verified
+
     operation.finish(OperationStatus.SUCCEEDED)
     params = operation.params
+    node, failure, action = params["node"], params["failure"], params["action"]
+    if not operation.health_results.exists():
+        record_event(operation.cluster, f"Repaired {node} ({failure}) by {action}", operation=operation, node=node)
+        return
+    ok, detail = verified(operation)
     record_event(
         operation.cluster,
-        f"Repaired {params['node']} ({params['failure']}) by {params['action']}",
+        f"Repaired {node} ({failure}) by {action}: {detail}" if ok else f"{action} did not fix {failure}: {detail}",
+        level=EventLevel.INFO if ok else EventLevel.WARNING,
         operation=operation,
-        node=params["node"],
+        node=node,
     )
+    after_health(operation.cluster, operation)
 
 
 def finish_delete(operation):

@@ -32,5 +32,20 @@ def watch_clusters():
 
     if not settings.AUTO_REPAIR:
         return
-    for cluster in Cluster.objects.filter(status__in=ClusterStatus.usable()).select_related("project"):
+    for cluster in Cluster.objects.filter(status__in=ClusterStatus.watched()).select_related("project"):
         watch(cluster)
+
+
+@shared_task(soft_time_limit=120)
+def run_due_scans():
+    """Start every periodic health scan whose time has come."""
+    from .health.schedule import run_due_scans
+
+    return run_due_scans()
+
+
+@shared_task(soft_time_limit=600)
+def prune_health_results():
+    from .health.schedule import prune_results
+
+    return prune_results()

@@ -22,5 +22,9 @@ urlpatterns = [
     path("<slug:project>/<slug:name>/resize/", views.cluster_resize, name="cluster-resize"),
     path("<slug:project>/<slug:name>/health/", views.cluster_health, name="cluster-health"),
     path("<slug:project>/<slug:name>/scan/", views.cluster_scan, name="cluster-scan"),
+    path("<slug:project>/<slug:name>/scans/<uuid:scan>/", views.scan_detail, name="scan-detail"),
+    path("<slug:project>/<slug:name>/scans/<uuid:scan>/progress/", views.scan_progress, name="scan-progress"),
+    path("<slug:project>/<slug:name>/nodes/<str:node>/", views.node_detail, name="node-detail"),
+    path("<slug:project>/<slug:name>/health/schedule/", views.health_schedule, name="health-schedule"),
     path("<slug:project>/<slug:name>/delete/", views.cluster_delete, name="cluster-delete"),
 ]

@@ -15,6 +15,7 @@ from console.htmx import render_fragment
 from . import services
 from .backends import get_backend
 from .choices import CLUSTER_STATUS_COLOURS, ClusterStatus, NodeRole
+from .health.scans import scannable
 from .models import Cluster, Project
 from .spec import SpecError
 
@@ -82,6 +83,8 @@ def cluster_detail(request, project, name):
         "pools": pools,
         "operation": cluster.latest_operation(),
         "client_env": getattr(backend, "client_env", lambda c: {})(cluster),
+        "scannable": scannable(cluster),
+        "schedule": schedule_context(cluster) if cluster.status != ClusterStatus.DELETED else None,
     }
     return render(request, "clusters/cluster_detail.html", context)
 
@@ -165,8 +168,8 @@ def status_counts(clusters):
 
 
 def cluster_health(request, project, name):
-    """The last scan's node x check grid (a fragment the cluster page polls)."""
-    from .health.scans import latest_results
+    """The newest result of every check on every node, recent scans and the schedule (polled)."""
+    from .health.scans import latest_results, scans_of
 
     cluster = cluster_for(request, project, name)
     scan, grid = latest_results(cluster)
@@ -177,7 +180,14 @@ def cluster_health(request, project, name):
         for node, row in sorted(grid.items())
         if not failing_only or any(r.status in ("fail", "warn") for r in row.values())
     ]
-    context = {"cluster": cluster, "scan": scan, "checks": checks, "rows": rows, "failing_only": failing_only}
+    context = {
+        "cluster": cluster,
+        "scan": scan,
+        "checks": checks,
+        "rows": rows,
+        "failing_only": failing_only,
+        "scans": scans_of(cluster)[:8],
+    }
     return render_fragment(request, "clusters/partials/health.html", context)
 
 
@@ -187,11 +197,117 @@ def cluster_scan(request, project, name):
 
     cluster = cluster_for(request, project, name)
     try:
-        start_scan(cluster=cluster, checks=request.POST.getlist("checks") or None, user=request.user)
+        operation = start_scan(cluster=cluster, checks=request.POST.getlist("checks") or None, user=request.user)
     except ScanError as exc:
         messages.error(request, "; ".join(m for msgs in exc.errors.values() for m in msgs))
     except services.ConsoleError as exc:
         messages.error(request, exc.message)
     else:
         messages.success(request, "Health scan started.")
+        return redirect("scan-detail", cluster.project.slug, cluster.name, operation.uuid)
     return redirect(cluster)
+
+
+def scan_for(cluster, uuid):
+    from .health.scans import scans_of
+
+    return get_object_or_404(scans_of(cluster), uuid=uuid)
+
+
+def scan_detail(request, project, name, scan):
+    cluster = cluster_for(request, project, name)
+    return render(request, "clusters/scan_detail.html", scan_context(cluster, scan_for(cluster, scan)))
+
+
+def scan_progress(request, project, name, scan):
+    """The scan's progress and, once it is done, its results; 286 then, so htmx stops polling."""
+    cluster = cluster_for(request, project, name)
+    context = scan_context(cluster, scan_for(cluster, scan))
+    return render_fragment(request, "clusters/partials/scan.html", context, done=context["operation"].is_done)
+
+
+def scan_context(cluster, operation):
+    results = list(operation.health_results.all())
+    checks = sorted({r.check_name for r in results})
+    grid = {}
+    for result in results:
+        grid.setdefault(result.node, {})[result.check_name] = result
+    rows = [(node, [row.get(c) for c in checks]) for node, row in sorted(grid.items())]
+    return {"cluster": cluster, "operation": operation, "checks": checks, "rows": rows}
+
+
+def node_detail(request, project, name, node):
+    """One node: what Slurm says of it, each check's history (charted where it is a number), its
+    repairs and its events."""
+    from recipes.charts import line_chart
+
+    from .choices import OperationKind
+    from .models import HealthResult
+
+    cluster = cluster_for(request, project, name)
+    node = get_object_or_404(cluster.nodes.select_related("node_pool"), name=node)
+    services.refresh_nodes(cluster)
+    node.refresh_from_db()
+    history = {}
+    recent = HealthResult.objects.filter(cluster=cluster, node=node.name).select_related("operation").order_by("-id")
+    for result in recent[:400]:
+        history.setdefault(result.check_name, []).append(result)
+    series = {"speed": ("gflops", "GFLOP/s"), "interconnect": ("busbw_gbps", "GB/s all-reduce bus bandwidth")}
+    charts = []
+    for check, (key, unit) in series.items():
+        points = [r.values[key] for r in reversed(history.get(check, [])) if key in r.values]
+        chart = line_chart([{"step": i + 1, key: v} for i, v in enumerate(points)], key)
+        if chart:
+            charts.append({"check": check, "unit": unit, "chart": chart})
+    context = {
+        "cluster": cluster,
+        "node": node,
+        "checks": [(check, results[:10]) for check, results in sorted(history.items())],
+        "charts": charts,
+        "repairs": cluster.operations.filter(kind=OperationKind.REPAIR, params__node=node.name)[:50],
+        "events": cluster.events.filter(node=node.name)[:100],
+    }
+    return render(request, "clusters/node_detail.html", context)
+
+
+@require_POST
+def health_schedule(request, project, name):
+    """Edit the periodic scan (an htmx form: the fragment comes back with field errors, values kept)."""
+    from .health.scans import ScanError
+    from .health.schedule import update_schedule
+
+    cluster = cluster_for(request, project, name)
+    form = {
+        "enabled": request.POST.get("enabled") == "on",
+        "every_hours": request.POST.get("every_hours", "").strip(),
+        "checks": request.POST.getlist("checks"),
+        "idle_only": request.POST.get("idle_only") == "on",
+    }
+    errors, saved = {}, False
+    try:
+        minutes = round(float(form["every_hours"]) * 60)
+    except ValueError:
+        errors["every_hours"] = ["must be a number of hours, e.g. 24 or 0.5"]
+    if not errors:
+        data = {k: form[k] for k in ("enabled", "checks", "idle_only")} | {"every_minutes": minutes}
+        try:
+            update_schedule(cluster, data)
+            saved = True
+        except ScanError as exc:
+            errors = {("every_hours" if k == "every_minutes" else k): v for k, v in exc.errors.items()}
+    context = schedule_context(cluster, form) | {"errors": errors, "saved": saved}
+    return render(request, "clusters/partials/schedule.html", context, status=400 if errors else 200)
+
+
+def schedule_context(cluster, form=None):
+    from .health import load_checks
+    from .health.schedule import schedule_for
+
+    schedule = schedule_for(cluster)
+    form = form or {
+        "enabled": schedule.enabled,
+        "every_hours": f"{schedule.every_minutes / 60:g}",
+        "checks": schedule.checks,
+        "idle_only": schedule.idle_only,
+    }
+    return {"cluster": cluster, "schedule": schedule, "form": form, "errors": {}, "all_checks": list(load_checks())}

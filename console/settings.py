@@ -137,6 +137,15 @@ CELERY_BEAT_SCHEDULE = {
         "task": "clusters.tasks.watch_clusters",
         "schedule": 15.0,
     },
+    # Periodic health scans per cluster (their schedules are rows, edited on the cluster page / API).
+    "run-due-scans": {
+        "task": "clusters.tasks.run_due_scans",
+        "schedule": 60.0,
+    },
+    "prune-health-results": {
+        "task": "clusters.tasks.prune_health_results",
+        "schedule": 3600.0,
+    },
     # Record run transitions even when nobody watches the run page.
     "refresh-active-runs": {
         "task": "recipes.tasks.refresh_active_runs",
@@ -211,6 +220,13 @@ GCE_CONTROLLER_MACHINE_TYPE = env("GCE_CONTROLLER_MACHINE_TYPE", "n2-standard-8"
 
 # Self-repair: start a repair after a scan finds a failing node, and watch nodes every 15 s.
 AUTO_REPAIR = envbool("AUTO_REPAIR", "True")
+# A new cluster is READY only once its first health scan (every check) passes on every node; backends
+# that cannot run Slurm jobs from the console yet (gce) skip it and say so on the timeline.
+HEALTH_SCAN_BEFORE_READY = envbool("HEALTH_SCAN_BEFORE_READY", "True")
+# Periodic scans: the schedule a new cluster starts with (editable per cluster; 0 = off), and how long
+# scan results are kept.
+HEALTH_SCAN_EVERY_HOURS = envfloat("HEALTH_SCAN_EVERY_HOURS", 24)
+HEALTH_RESULTS_KEEP_DAYS = envint("HEALTH_RESULTS_KEEP_DAYS", 30)
 
 # An operation whose worker has not reported for this long is taken to be orphaned and re-enqueued.
 OPERATION_STALE_AFTER = envint("OPERATION_STALE_AFTER", 300)

@@ -8,7 +8,7 @@ import pytest
 
 from clusters import services
 from clusters.choices import OperationKind, OperationStatus
-from clusters.health import PASS, faults
+from clusters.health import PASS, faults, thresholds
 from clusters.health.checks.interconnect import rounds
 from clusters.health.scans import evaluate_links
 from clusters.models import HealthResult, Operation
@@ -69,11 +69,22 @@ def test_it_blames_the_node_whose_link_is_slow_to_every_peer_and_reboots_it(ivy_
         fast = [gbps for peer, gbps in results[node].values["pairs"].items() if peer != "cpu-2"]
         assert min(fast) > results[node].values["pairs"]["cpu-2"]
     repair = Operation.objects.get(cluster=cluster, kind=OperationKind.REPAIR)
-    assert repair.params == {"node": "cpu-2", "failure": "interconnect", "action": "reboot", "done": []}
+    assert repair.params == {
+        "node": "cpu-2",
+        "failure": "interconnect",
+        "action": "reboot",
+        "done": [],
+        "checks": ["interconnect"],  # the repair is verified by the check that failed
+    }
     services.run_operation(repair.pk)
     repair.refresh_from_db()
     assert repair.status == OperationStatus.SUCCEEDED, repair.error
-    assert cluster.events.filter(message="Repaired cpu-2 (interconnect) by reboot").exists()
+    # The fault is gone, so the reboot is verified: every node's links pass again.
+    timeline = list(cluster.events.order_by("id").values_list("message", flat=True))
+    assert "Repaired cpu-2 (interconnect) by reboot: interconnect passes on all 4 scanned nodes" in timeline, "\n".join(
+        timeline
+    )
+    assert not Operation.objects.filter(cluster=cluster, kind=OperationKind.REPAIR, status="PENDING").exists()
 
 
 @pytest.mark.parametrize("world", [2, 3, 4, 7, 8, 16, 17, 64])
@@ -97,7 +108,7 @@ def report(pairs):
 
 def test_it_can_only_warn_when_the_one_pair_of_two_nodes_is_below_the_floor():
     reports = {"a": report({"b": 0.01}), "b": report({"a": 0.01})}
-    evaluate_links(reports)
+    evaluate_links(reports, thresholds()["interconnect"])
     assert [reports[n]["interconnect"]["status"] for n in "ab"] == ["warn", "warn"]
     assert "slow link to" in reports["a"]["interconnect"]["reason"]
 
@@ -106,7 +117,7 @@ def test_it_names_a_bad_path_between_two_healthy_nodes_without_failing_either():
     fast = 2.0
     links = {("a", "b"): 0.1, ("a", "c"): fast, ("b", "c"): fast, ("a", "d"): fast, ("b", "d"): fast, ("c", "d"): fast}
     reports = {n: report({(set(k) - {n}).pop(): v for k, v in links.items() if n in k}) for n in ("a", "b", "c", "d")}
-    evaluate_links(reports)
+    evaluate_links(reports, thresholds()["interconnect"])
     statuses = {n: reports[n]["interconnect"]["status"] for n in reports}
     assert statuses == {"a": "warn", "b": "warn", "c": "pass", "d": "pass"}
     assert reports["a"]["interconnect"]["reason"].startswith("slow link to b 0.1 GB/s")

@@ -41,6 +41,7 @@ METADATA_TYPES = {
 STATES = {
     ClusterStatus.DRAFT: "STATE_UNSPECIFIED",
     ClusterStatus.PROVISIONING: "PROVISIONING",
+    ClusterStatus.VERIFYING: "PROVISIONING",
     ClusterStatus.READY: "RUNNING",
     ClusterStatus.DEGRADED: "RUNNING",
     ClusterStatus.UPDATING: "UPDATING",

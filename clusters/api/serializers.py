@@ -2,7 +2,17 @@
 
 from rest_framework import serializers
 
-from ..models import Cluster, ClusterEvent, HealthResult, Node, NodePool, Operation, Project, SlurmJob
+from ..models import (
+    Cluster,
+    ClusterEvent,
+    HealthResult,
+    HealthSchedule,
+    Node,
+    NodePool,
+    Operation,
+    Project,
+    SlurmJob,
+)
 
 
 class ProjectSerializer(serializers.ModelSerializer):
@@ -110,6 +120,9 @@ class JobSerializer(serializers.ModelSerializer):
 
 class ScanRequestSerializer(serializers.Serializer):
     checks = serializers.ListField(child=serializers.CharField(), required=False, allow_empty=False)
+    thresholds = serializers.DictField(
+        required=False, help_text='Overrides for this scan only, e.g. {"speed": {"straggler_fraction": 0.8}}'
+    )
 
 
 class HealthResultSerializer(serializers.ModelSerializer):
@@ -125,3 +138,29 @@ class ScanSerializer(OperationSerializer):
 
     class Meta(OperationSerializer.Meta):
         fields = [*OperationSerializer.Meta.fields, "params", "results"]
+
+
+class RepairSerializer(OperationSerializer):
+    """A REPAIR operation: which node, which failure, which rung of its ladder, and how it went."""
+
+    node = serializers.CharField(source="params.node")
+    failure = serializers.CharField(source="params.failure")
+    action = serializers.CharField(source="params.action")
+    verified_by = serializers.ListField(source="params.checks", default=list, child=serializers.CharField())
+
+    class Meta(OperationSerializer.Meta):
+        fields = [*OperationSerializer.Meta.fields, "node", "failure", "action", "verified_by"]
+
+
+class HealthScheduleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = HealthSchedule
+        fields = ["enabled", "every_minutes", "checks", "idle_only", "next_run", "last_run", "last_outcome"]
+        read_only_fields = fields
+
+
+class NodeDetailSerializer(NodeSerializer):
+    repairs_taken = serializers.JSONField(source="repairs")
+
+    class Meta(NodeSerializer.Meta):
+        fields = [*NodeSerializer.Meta.fields, "repairs_taken"]

@@ -6,6 +6,8 @@ from recipes import api as recipes_api
 
 from . import views
 
+CLUSTER = "projects/<slug:project>/clusters/<slug:cluster>/"
+
 urlpatterns = [
     path("projects/", views.ProjectList.as_view(), name="api-projects"),
     path("projects/<slug:project>/clusters/", views.ClusterList.as_view(), name="api-clusters"),
@@ -14,6 +16,10 @@ urlpatterns = [
     path("projects/<slug:project>/clusters/<slug:cluster>/jobs/", views.ClusterJobs.as_view(), name="api-jobs"),
     path("projects/<slug:project>/clusters/<slug:cluster>/events/", views.ClusterEvents.as_view(), name="api-events"),
     path("projects/<slug:project>/clusters/<slug:cluster>/scans/", views.ClusterScans.as_view(), name="api-scans"),
+    path(CLUSTER + "scans/<uuid:scan>/", views.ScanDetail.as_view(), name="api-scan"),
+    path(CLUSTER + "health/schedule/", views.HealthScheduleDetail.as_view(), name="api-health-schedule"),
+    path(CLUSTER + "nodes/<str:node>/", views.NodeDetail.as_view(), name="api-node"),
+    path(CLUSTER + "repairs/", views.ClusterRepairs.as_view(), name="api-repairs"),
     path("projects/<slug:project>/operations/<uuid:operation>/", views.OperationDetail.as_view(), name="api-operation"),
     path("recipes/", recipes_api.RecipeList.as_view(), name="api-recipes"),
     path("projects/<slug:project>/models/", recipes_api.ModelVersionList.as_view(), name="api-models"),

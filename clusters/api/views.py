@@ -15,10 +15,14 @@ from .serializers import (
     ClusterSerializer,
     ClusterUpdateSerializer,
     EventSerializer,
+    HealthResultSerializer,
+    HealthScheduleSerializer,
     JobSerializer,
+    NodeDetailSerializer,
     NodeSerializer,
     OperationSerializer,
     ProjectSerializer,
+    RepairSerializer,
     ScanRequestSerializer,
     ScanSerializer,
 )
@@ -164,13 +168,15 @@ class OperationDetail(generics.RetrieveAPIView):
 
 
 class ClusterScans(APIView):
-    """Health scans: POST starts one (optionally {"checks": [...]}); GET lists them with their results."""
+    """Health scans: POST starts one (optionally {"checks": [...], "thresholds": {...}}); GET lists
+    the newest 20 (on-demand and scheduled scans, first scans of creates, repair verifications)."""
 
     @extend_schema(responses=ScanSerializer(many=True))
     def get(self, request, project, cluster):
+        from ..health.scans import scans_of
+
         cluster = cluster_for(request, project, cluster)
-        scans = cluster.operations.filter(kind=OperationKind.SCAN).prefetch_related("health_results")[:20]
-        return Response(ScanSerializer(scans, many=True).data)
+        return Response(ScanSerializer(scans_of(cluster).prefetch_related("health_results")[:20], many=True).data)
 
     @extend_schema(request=ScanRequestSerializer, responses={202: OperationSerializer})
     def post(self, request, project, cluster):
@@ -180,9 +186,84 @@ class ClusterScans(APIView):
         body = ScanRequestSerializer(data=request.data if isinstance(request.data, dict) else {})
         body.is_valid(raise_exception=True)
         try:
-            operation = start_scan(cluster=cluster, checks=body.validated_data.get("checks"), user=request.user)
+            operation = start_scan(
+                cluster=cluster,
+                checks=body.validated_data.get("checks"),
+                thresholds=body.validated_data.get("thresholds"),
+                user=request.user,
+            )
         except ScanError as exc:
             return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
         except services.ConsoleError as exc:
             return console_error_response(exc)
         return accepted(operation)
+
+
+class ScanDetail(APIView):
+    @extend_schema(responses=ScanSerializer)
+    def get(self, request, project, cluster, scan):
+        from ..health.scans import scans_of
+
+        cluster = cluster_for(request, project, cluster)
+        return Response(ScanSerializer(get_object_or_404(scans_of(cluster), uuid=scan)).data)
+
+
+class HealthScheduleDetail(APIView):
+    """The cluster's periodic scan. PUT or PATCH any of enabled, every_minutes (5-43200), checks
+    ([] = every check) and idle_only; the next run moves to now + every_minutes."""
+
+    @extend_schema(responses=HealthScheduleSerializer)
+    def get(self, request, project, cluster):
+        from ..health.schedule import schedule_for
+
+        return Response(HealthScheduleSerializer(schedule_for(cluster_for(request, project, cluster))).data)
+
+    @extend_schema(request=HealthScheduleSerializer, responses=HealthScheduleSerializer)
+    def patch(self, request, project, cluster):
+        from ..health.scans import ScanError
+        from ..health.schedule import update_schedule
+
+        cluster = cluster_for(request, project, cluster)
+        if not isinstance(request.data, dict):
+            return Response({"non_field_errors": ["send a JSON object"]}, status=status.HTTP_400_BAD_REQUEST)
+        try:
+            schedule = update_schedule(cluster, dict(request.data))
+        except ScanError as exc:
+            return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
+        return Response(HealthScheduleSerializer(schedule).data)
+
+    put = patch
+
+
+class NodeDetail(APIView):
+    """One node: Slurm's view, the newest result of each check, its repairs and its events."""
+
+    @extend_schema(responses=NodeDetailSerializer)
+    def get(self, request, project, cluster, node):
+        from ..health.scans import latest_per_check
+
+        cluster = cluster_for(request, project, cluster)
+        services.refresh_nodes(cluster)
+        node = get_object_or_404(cluster.nodes.select_related("node_pool"), name=node)
+        latest = latest_per_check(cluster).get(node.name, {})
+        repairs = cluster.operations.filter(kind=OperationKind.REPAIR, params__node=node.name)[:50]
+        return Response(
+            {
+                **NodeDetailSerializer(node).data,
+                "checks": {name: HealthResultSerializer(r).data for name, r in sorted(latest.items())},
+                "repairs": RepairSerializer(repairs, many=True).data,
+                "events": EventSerializer(cluster.events.filter(node=node.name)[:100], many=True).data,
+            }
+        )
+
+
+class ClusterRepairs(generics.ListAPIView):
+    """Remediation history, newest first; ?node=NAME for one node's."""
+
+    serializer_class = RepairSerializer
+
+    def get_queryset(self):
+        cluster = cluster_for(self.request, self.kwargs["project"], self.kwargs["cluster"])
+        repairs = cluster.operations.filter(kind=OperationKind.REPAIR).select_related("cluster")
+        node = self.request.query_params.get("node")
+        return repairs.filter(params__node=node) if node else repairs

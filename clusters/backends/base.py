@@ -86,6 +86,9 @@ class Backend:
 
     name = ""
     label = ""
+    # Whether the console can submit Slurm jobs here (shared_dir, submit_batch, job_status): health
+    # scans and recipes need it.
+    runs_jobs = False
 
     def validate_spec(self, spec):
         """Yield (field path, message) for what this backend cannot build from a valid spec."""

@@ -39,8 +39,59 @@ def check(name):
 
 
 @cache
-def thresholds():
+def default_thresholds():
     return json.loads((Path(__file__).resolve().parent / "thresholds.json").read_text())
+
+
+def thresholds(context=None):
+    """The data file's thresholds, then its layer for the scan's backend (`context["backend"]`), then
+    the scan's own overrides (`context["thresholds"]`)."""
+    context = context or {}
+    merged = {name: value for name, value in default_thresholds().items() if not name.startswith("_")}
+    layers = [default_thresholds()["_backends"].get(context.get("backend"), {}), context.get("thresholds") or {}]
+    for layer in layers:
+        for name, values in layer.items():
+            merged[name] = {**merged.get(name, {}), **values}
+    return merged
+
+
+def threshold_errors(overrides):
+    """{field path: [reason]} for overrides that are not known thresholds with sensible values."""
+    if not isinstance(overrides, dict):
+        return {"thresholds": ["must be an object of {check: {threshold: value}}"]}
+    defaults, errors = default_thresholds(), {}
+    for name, values in overrides.items():
+        if name in load_checks() and name not in defaults:
+            errors[f"thresholds.{name}"] = ["this check has no thresholds"]
+        elif name not in defaults or name.startswith("_"):
+            errors[f"thresholds.{name}"] = [f"unknown check; choose from: {', '.join(sorted(load_checks()))}"]
+        elif not isinstance(values, dict):
+            errors[f"thresholds.{name}"] = ["must be an object of {threshold: value}"]
+        else:
+            for key, value in values.items():
+                problem = value_problem(key, value, defaults[name].get(key))
+                if problem:
+                    errors[f"thresholds.{name}.{key}"] = [problem]
+    return errors
+
+
+def value_problem(key, value, default):
+    if default is None:
+        return "unknown threshold"
+    if isinstance(default, dict):
+        if not isinstance(value, dict) or set(value) - set(default):
+            return f"must be an object with keys from: {', '.join(default)}"
+        problems = [value_problem(key, v, default[k]) for k, v in value.items()]
+        return next((p for p in problems if p), "")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return "must be a number"
+    if isinstance(default, int) and not isinstance(default, bool) and value != int(value):
+        return "must be a whole number"
+    if value < 0 or (value == 0 and not key.startswith("max_") and not key.startswith("min_")):
+        return "must be more than 0"
+    if key.endswith("fraction") and value > 1:
+        return "must be a fraction between 0 and 1"
+    return ""
 
 
 def load_checks():

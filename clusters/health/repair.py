@@ -11,14 +11,17 @@ import json
 from functools import cache
 from pathlib import Path
 
+from django.conf import settings
 from django.db import transaction
 
 from ..backends import get_backend
 from ..backends.base import Step
 from ..choices import ClusterStatus, EventLevel, NodeRole, NodeState, OperationKind, OperationStatus
 from ..models import Node, Operation
+from . import FAIL, scans
 
 REASON_PREFIX = "tcc "
+GAVE_UP = "gave up"
 
 
 @cache
@@ -58,29 +61,67 @@ def detect(cluster):
 
 def watch(cluster):
     """Start a repair for the worst failing node, if the cluster is free; returns the operation or None."""
-    if cluster.status not in ClusterStatus.usable():
+    if cluster.status not in ClusterStatus.watched():
         return None
     failing = detect(cluster)
     if not failing:
-        return None
+        # A verifying cluster whose last repair failed outright (no verification ran) goes on here.
+        return after_health(cluster) if cluster.status == ClusterStatus.VERIFYING else None
     name = max(failing, key=lambda n: policy()[failing[n][0]]["priority"])
     failure, detail = failing[name]
     return start_repair(cluster, name, failure, detail)
 
 
-def repair_from_scan(operation):
-    """After a scan: repair the node with the worst failed check."""
-    failed = {}
-    for result in operation.health_results.filter(status="fail"):
-        if result.check_name in policy():
-            failed.setdefault(result.node, []).append(result.check_name)
-    if not failed:
-        return None
-    name = max(failed, key=lambda n: policy()[worst(failed[n])]["priority"])
-    return start_repair(operation.cluster, name, worst(failed[name]), f"failed {', '.join(sorted(failed[name]))}")
+def outstanding(cluster):
+    """{node: [checks]}: each current compute node's checks whose latest result is a failure with a
+    ladder, except on nodes the console already gave up on (they stay drained; the cluster is DEGRADED)."""
+    nodes = {n.name: n for n in cluster.compute_nodes()}
+    found = {}
+    for name, results in scans.latest_per_check(cluster).items():
+        node = nodes.get(name)
+        if node is None or node.slurm_reason.endswith(GAVE_UP):
+            continue
+        failed = sorted(c for c, r in results.items() if r.status == FAIL and c in policy())
+        if failed:
+            found[name] = failed
+    return found
 
 
-def start_repair(cluster, node_name, failure, detail, user=None):
+def after_health(cluster, operation=None):
+    """After a scan or a repair's verification: repair the worst failure still outstanding, one
+    operation at a time (returns it); once none is left, a VERIFYING cluster (its first scan failed)
+    is READY."""
+    from ..services import record_event
+
+    failing = outstanding(cluster)
+    if failing:
+        if not settings.AUTO_REPAIR:
+            return None
+        name = max(failing, key=lambda n: policy()[worst(failing[n])]["priority"])
+        return start_repair(cluster, name, worst(failing[name]), f"failed {', '.join(failing[name])}", verify=True)
+    if cluster.set_status(ClusterStatus.READY, expected=[ClusterStatus.VERIFYING]):
+        record_event(cluster, "Cluster ready: every node passes its health checks again", operation=operation)
+    return None
+
+
+def verified(operation):
+    """(passed, sentence) for a repair's verification scan of the repaired failure."""
+    failure, node = operation.params["failure"], operation.params["node"]
+    results = list(operation.health_results.filter(check_name=failure))
+    failed = sorted(r.node for r in results if r.status == FAIL)
+    skipped = operation.params.get("skipped_nodes", {})
+    if node in skipped:
+        return False, f"{node} could not be scanned again ({skipped[node]})"
+    if failed:
+        return False, f"{failure} still fails on {', '.join(failed)}"
+    return True, f"{failure} passes on all {len(results)} scanned nodes"
+
+
+def start_repair(cluster, node_name, failure, detail, user=None, verify=False):
+    """Start the next rung of `failure`'s ladder on the node, or give up when none is left.
+
+    With `verify` (a failure a check found), the repair ends with a scan of that check: the repair
+    is judged by the check that failed, not by the action having run."""
     from ..services import record_event, start_operation
 
     with transaction.atomic():
@@ -99,7 +140,14 @@ def start_repair(cluster, node_name, failure, detail, user=None):
             OperationKind.REPAIR,
             user,
             f"Repairing {node_name} ({failure}): {action}",
-            params={"node": node_name, "failure": failure, "action": action, "done": []},
+            params={
+                "node": node_name,
+                "failure": failure,
+                "action": action,
+                "done": [],
+                # A node drained for good cannot be scanned: verify only what comes back into service.
+                **({"checks": [failure]} if verify and action != "drain" else {}),
+            },
         )
 
 
@@ -107,8 +155,9 @@ def give_up(cluster, node, failure):
     from ..services import record_event
 
     with contextlib.suppress(Exception):
-        get_backend(cluster.backend).drain(cluster, node.name, f"{REASON_PREFIX}{failure}: gave up")
-    cluster.set_status(ClusterStatus.DEGRADED, expected=[ClusterStatus.READY], message=f"{node.name} keeps failing")
+        get_backend(cluster.backend).drain(cluster, node.name, f"{REASON_PREFIX}{failure}: {GAVE_UP}")
+    expected = [ClusterStatus.READY, ClusterStatus.VERIFYING]
+    cluster.set_status(ClusterStatus.DEGRADED, expected=expected, message=f"{node.name} keeps failing")
     record_event(
         cluster,
         f"Gave up on {node.name}: {failure} persists after {', '.join(policy()[failure]['ladder'])}; "
@@ -138,12 +187,13 @@ def repair_steps(operation):
     steps = [once(f"Drain {node}", lambda: backend.drain(cluster, node, f"{REASON_PREFIX}{failure}: {action}"))]
     if action == "replace":
         steps.append(once(f"Replace {node}", lambda: replace(cluster, node)))
-        return steps
-    if action != "drain":
+    elif action != "drain":
         steps.append(
             once(f"{action.replace('_', ' ').capitalize()} {node}", lambda: getattr(backend, action)(cluster, node))
         )
         steps.append(Step(f"Resume {node}", lambda: backend.resume(cluster, node)))
+    if operation.params.get("checks"):
+        steps += scans.scan_steps(operation, prefix="Verify: ")
     return steps
 
 

@@ -15,16 +15,23 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Max, Q
 
 from ..backends import PermanentBackendError, TransientBackendError, get_backend
 from ..backends.base import Step
-from ..choices import NodeRole, OperationKind, OperationStatus
+from ..choices import ClusterStatus, NodeRole, NodeState, OperationKind, OperationStatus
 from ..models import HealthResult, Operation
-from . import FAIL, PASS, WARN, load_checks, thresholds
+from . import FAIL, PASS, WARN, load_checks, threshold_errors, thresholds
 from .checks.correctness import checksum
 from .faults import faults_dir
 
 SCAN_TIMEOUT = 1800
+SYSTEM = "system"
+ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
+# Once every result is in, how long a scan job may take to end by itself before it is cancelled.
+SETTLE_SECONDS = 15
+# How long a scan waits for nodes that are up but flagged NOT_RESPONDING before leaving them out.
+NOT_RESPONDING_GRACE = 20
 
 
 class ScanError(Exception):
@@ -35,28 +42,39 @@ class ScanError(Exception):
         self.errors = errors
 
 
-def start_scan(*, cluster, checks=None, user=None):
+def start_scan(*, cluster, checks=None, user=None, thresholds=None, idle_only=False, reason=""):
+    """Validate a scan request and start its operation; ScanError (a 400) names every bad field."""
     from ..services import Conflict, start_operation
 
     known = load_checks()
     checks = list(checks) if checks else list(known)
+    errors = {}
     unknown = [c for c in checks if c not in known]
     if unknown:
-        raise ScanError({"checks": [f"unknown check {c!r}; choose from: {', '.join(known)}" for c in unknown]})
-    if not cluster.is_usable:
-        raise Conflict(
-            f"Cluster '{cluster.name}' is {cluster.get_status_display().lower()}; scans run on a ready cluster"
-        )
+        errors["checks"] = [f"unknown check {c!r}; choose from: {', '.join(known)}" for c in unknown]
+    errors.update(threshold_errors(thresholds or {}))
+    if not scannable(cluster):
+        errors["cluster"] = [
+            f"'{cluster.name}' is {cluster.get_status_display().lower()}; scans run on a ready, degraded "
+            "or verifying cluster"
+        ]
+    if errors:
+        raise ScanError(errors)
     if cluster.operations.filter(status__in=OperationStatus.active()).exists():
         raise Conflict(f"Cluster '{cluster.name}' has an operation in progress; scan when it ends")
+    params = {"checks": checks, "thresholds": thresholds or {}, "idle_only": idle_only}
     with transaction.atomic():
         return start_operation(
             cluster,
             OperationKind.SCAN,
             user,
-            f"Health scan requested by {user or 'system'}: {', '.join(checks)}",
-            params={"checks": checks},
+            f"Health scan {reason or f'requested by {user or SYSTEM}'}: {', '.join(checks)}",
+            params=params,
         )
+
+
+def scannable(cluster):
+    return cluster.status in ClusterStatus.watched()
 
 
 def scan_dir(operation):
@@ -64,28 +82,64 @@ def scan_dir(operation):
     return Path(get_backend(cluster.backend).shared_dir(cluster)) / "scans" / str(operation.uuid)
 
 
-def partitions(cluster):
-    """{partition: [compute node names]} for every partition with nodes."""
-    found = {}
+def targets(cluster, idle_only=False):
+    """({partition: [node names]}, {node: why skipped}): the compute nodes Slurm can run a scan on now.
+
+    Drained or down nodes are skipped (a scan job asking for them would wait forever); with `idle_only`
+    (periodic scans) so are nodes running jobs. A node in two partitions is scanned in the first.
+    """
+    from ..services import refresh_nodes
+
+    refresh_nodes(cluster)
+    found, skipped, seen = {}, {}, set()
     for partition in cluster.partitions.prefetch_related("node_pools__nodes"):
-        nodes = [
-            n.name
-            for pool in partition.node_pools.all()
-            if pool.role == NodeRole.COMPUTE
-            for n in pool.nodes.all()
-            if n.state in ("READY", "PROVISIONING", "PENDING")
-        ]
-        if nodes:
-            found[partition.name] = sorted(nodes)
-    return found
+        for pool in partition.node_pools.all():
+            if pool.role != NodeRole.COMPUTE:
+                continue
+            for node in pool.nodes.all():
+                if node.state not in (NodeState.READY, NodeState.PROVISIONING) or node.name in seen:
+                    continue
+                seen.add(node.name)
+                why = unschedulable(node, idle_only)
+                if why:
+                    skipped[node.name] = why
+                else:
+                    found.setdefault(partition.name, []).append(node.name)
+    return {name: sorted(nodes) for name, nodes in found.items()}, skipped
 
 
-def scan_steps(operation):
+def settled_targets(cluster, idle_only=False, grace=NOT_RESPONDING_GRACE):
+    """targets(), after giving nodes that are up but only flagged NOT_RESPONDING a moment: the flag
+    is often a missed ping (a just-restarted slurmd gets it for about a second) that the next clears."""
+    deadline = time.monotonic() + grace
+    while True:
+        nodes, skipped = targets(cluster, idle_only)
+        flagged = [why for why in skipped.values() if why.split(" ")[0].split("+")[0] in ("idle", "mixed", "allocated")]
+        if not flagged or time.monotonic() >= deadline:
+            return nodes, skipped
+        time.sleep(1)
+
+
+UNSCHEDULABLE = {"down", "drained", "draining", "drain", "fail", "failing", "unknown"}
+
+
+def unschedulable(node, idle_only):
+    """Why a scan job cannot use this node now, or ""."""
+    base, *flags = (node.slurm_state or "unknown").lower().split("+")
+    if base in UNSCHEDULABLE or {"drain", "not_responding"} & set(flags):
+        return (node.slurm_state or "not seen by Slurm") + (f" ({node.slurm_reason})" if node.slurm_reason else "")
+    if idle_only and base != "idle":
+        return f"{base}: running jobs"
+    return ""
+
+
+def scan_steps(operation, prefix=""):
+    waiting = f"{prefix}Wait for every node's results"
     return [
-        Step("Write the scan job", lambda: write_job(operation)),
-        Step("Submit the scan job", lambda: submit(operation)),
-        Step("Wait for every node's results", lambda: wait(operation)),
-        Step("Compare nodes and record results", lambda: evaluate(operation)),
+        Step(f"{prefix}Write the scan job", lambda: write_job(operation)),
+        Step(f"{prefix}Submit the scan job", lambda: submit(operation)),
+        Step(waiting, lambda: wait(operation, waiting)),
+        Step(f"{prefix}Compare nodes and record results", lambda: evaluate(operation)),
     ]
 
 
@@ -94,17 +148,38 @@ def summary(operation):
     failing = sorted({f"{r.node} {r.check_name}" for r in results if r.status == FAIL})
     counts = {status: sum(r.status == status for r in results) for status in ("pass", "warn", "fail", "skipped")}
     text = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    skipped = operation.params.get("skipped_nodes") or {}
+    if skipped:
+        text += f"; not scanned: {', '.join(f'{n} ({why})' for n, why in sorted(skipped.items()))}"
     return f"Health scan done: {text}" + (f"; failing: {', '.join(failing)}" if failing else ""), bool(failing)
 
 
+def limits_for(operation):
+    return thresholds({"backend": operation.cluster.backend, "thresholds": operation.params.get("thresholds")})
+
+
 def write_job(operation):
+    """Pick the nodes (kept in the operation, so a rerun scans the same ones) and write one job per partition."""
     cluster = operation.cluster
     folder = scan_dir(operation)
     folder.mkdir(parents=True, exist_ok=True)
+    params = operation.params
+    if "nodes" not in params:
+        nodes, skipped = settled_targets(cluster, idle_only=params.get("idle_only", False))
+        params = {"checks": list(load_checks()), **params, "nodes": nodes, "skipped_nodes": skipped}
+        operation.params = params
+        Operation.objects.filter(pk=operation.pk).update(params=params)
+    if not params["nodes"]:
+        skipped = params["skipped_nodes"]
+        raise PermanentBackendError(
+            "no node can be scanned now: " + (", ".join(f"{n} {why}" for n, why in skipped.items()) or "no nodes")
+        )
     pool = cluster.node_pools.filter(role=NodeRole.COMPUTE).first()
-    limits = thresholds()["correctness"]
+    limits = limits_for(operation)["correctness"]
     context = {
-        "checks": operation.params["checks"],
+        "backend": cluster.backend,
+        "checks": params["checks"],
+        "thresholds": params.get("thresholds") or {},
         "paths": ["/tmp", str(folder.parent.parent)],
         "faults_dir": str(faults_dir(cluster)),
         "gpus_per_node": 0 if cluster.backend == "local" else (pool.accelerator_count if pool else 0),
@@ -112,15 +187,18 @@ def write_job(operation):
         "reference_checksum": checksum(limits["size"], limits["rounds"], limits["seed"]),
     }
     (folder / "context.json").write_text(json.dumps(context))
-    for name, nodes in partitions(cluster).items():
+    for name, nodes in params["nodes"].items():
         script = "\n".join(
             [
                 "#!/bin/bash",
                 f"#SBATCH --job-name=health-scan-{str(operation.uuid)[:8]}",
                 f"#SBATCH --partition={name}",
+                f"#SBATCH --nodelist={','.join(nodes)}",
                 f"#SBATCH --nodes={len(nodes)}",
                 "#SBATCH --ntasks-per-node=1",
                 "#SBATCH --time=30",
+                # A scan is judged on the nodes it was given; it is never rerun behind the console's back.
+                "#SBATCH --no-requeue",
                 f"#SBATCH --output={folder}/slurm-{name}-%j.out",
                 f"cd {shlex.quote(str(settings.BASE_DIR))}",
                 # One BLAS thread per task: each node measures itself, not a fight over shared cores.
@@ -137,7 +215,7 @@ def submit(operation):
     cluster = operation.cluster
     jobs = dict(operation.params.get("jobs", {}))
     backend = get_backend(cluster.backend)
-    for name in partitions(cluster):
+    for name in operation.params["nodes"]:
         if name not in jobs:
             jobs[name] = backend.submit_batch(cluster, scan_dir(operation) / f"scan-{name}.sbatch")
             operation.params = {**operation.params, "jobs": jobs}
@@ -145,28 +223,32 @@ def submit(operation):
 
 
 def expected_nodes(operation):
-    return sorted(n for nodes in partitions(operation.cluster).values() for n in nodes)
+    return sorted(n for nodes in operation.params["nodes"].values() for n in nodes)
 
 
-def wait(operation, timeout=SCAN_TIMEOUT):
+def wait(operation, label="Wait for every node's results", timeout=SCAN_TIMEOUT):
     cluster = operation.cluster
     backend = get_backend(cluster.backend)
     folder = scan_dir(operation)
     wanted = expected_nodes(operation)
-    deadline = time.monotonic() + timeout
+    jobs = operation.params.get("jobs", {})
+    deadline, settle_by = time.monotonic() + timeout, None
     while True:
         done = [n for n in wanted if (folder / f"{n}.json").exists()]
-        operation.report(progress=operation.progress, step=f"Wait for every node's results ({len(done)}/{len(wanted)})")
-        if len(done) == len(wanted):
-            return
-        jobs = operation.params.get("jobs", {})
+        operation.report(progress=operation.progress, step=f"{label} ({len(done)}/{len(wanted)})")
         states = {name: backend.job_status(cluster, job_id) for name, job_id in jobs.items()}
-        ended = [
-            s
-            for s in states.values()
-            if s is None or s.state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
-        ]
-        if ended and len(ended) == len(states):
+        running = {name: s for name, s in states.items() if s is not None and s.state in ACTIVE}
+        if len(done) == len(wanted):
+            # Every result is in; a job still tearing down must not hold its nodes for what follows
+            # (a repair, a training job), so give it a moment and then cancel it.
+            settle_by = settle_by or time.monotonic() + SETTLE_SECONDS
+            if running and time.monotonic() < min(deadline, settle_by):
+                time.sleep(0.5)
+                continue
+            for name in running:
+                backend.cancel_job(cluster, jobs[name])
+            return
+        if not running:
             missing = sorted(set(wanted) - set(done))
             detail = ", ".join(f"{s.state} exit {s.exit_code}" for s in states.values() if s is not None)
             raise PermanentBackendError(
@@ -186,12 +268,17 @@ def evaluate(operation):
     speeds = {n: r["speed"]["values"]["gflops"] for n, r in reports.items() if "speed" in r and r["speed"]["values"]}
     if speeds:
         median = statistics.median(speeds.values())
-        fraction = thresholds()["speed"]["straggler_fraction"]
+        limits = limits_for(operation)["speed"]
+        fraction, failing = limits["straggler_fraction"], limits["straggler_fail_fraction"]
         for node, gflops in speeds.items():
             result = reports[node]["speed"]
-            result["threshold"] = {"fleet_median_gflops": round(median, 3), "straggler_fraction": fraction}
+            result["threshold"] = {
+                "fleet_median_gflops": round(median, 3),
+                "straggler_fraction": fraction,
+                "straggler_fail_fraction": failing,
+            }
             if gflops < fraction * median:
-                result["status"] = FAIL if gflops < 0.5 * median else WARN
+                result["status"] = FAIL if gflops < failing * median else WARN
                 result["reason"] = f"straggler: {gflops:.2f} GFLOP/s is {gflops / median:.0%} of the fleet median"
     sums = {n: r["correctness"]["values"].get("checksum") for n, r in reports.items() if "correctness" in r}
     if len(set(sums.values())) > 1:
@@ -199,7 +286,7 @@ def evaluate(operation):
             others = [n for n, v in sums.items() if v != value]
             if len(others) > len(sums) / 2 and reports[node]["correctness"]["status"] != FAIL:
                 reports[node]["correctness"].update(status=FAIL, reason=f"differs from {', '.join(others)}")
-    evaluate_links(reports)
+    evaluate_links(reports, limits_for(operation)["interconnect"])
     HealthResult.objects.filter(operation=operation).delete()  # a rerun of this step records once
     HealthResult.objects.bulk_create(
         HealthResult(
@@ -217,7 +304,7 @@ def evaluate(operation):
     )
 
 
-def evaluate_links(reports):
+def evaluate_links(reports, limits):
     """Judge each node's links against a reference pair speed: slow to every peer means its own link."""
     measured = {
         n: r["interconnect"]["values"] for n, r in reports.items() if r.get("interconnect", {}).get("status") == PASS
@@ -229,7 +316,6 @@ def evaluate_links(reports):
             pairs[key] = min(gbps, pairs.get(key, gbps))
     if not pairs:
         return
-    limits = thresholds()["interconnect"]
     # The reference is the median over nodes of each node's best pair: a bad node's pairs are many
     # (n-1 of them) but it is one node, so fewer than half the nodes bad still leave a true reference.
     best = [max((v for k, v in pairs.items() if node in k), default=0) for node in measured]
@@ -258,16 +344,33 @@ def evaluate_links(reports):
             result.update(status=WARN, reason=f"slow link to {shown} (reference {median:.3f} GB/s)")
 
 
-def latest_results(cluster):
-    """(scan operation, {node: {check: result}}) of the last finished scan, or (None, {})."""
-    scan = (
-        cluster.operations.filter(kind=OperationKind.SCAN, status=OperationStatus.SUCCEEDED)
+def scans_of(cluster):
+    """Operations that scanned: scans, creates ending with their first scan, repairs that verified."""
+    return (
+        cluster.operations.filter(Q(kind=OperationKind.SCAN) | Q(health_results__isnull=False))
+        .distinct()
         .order_by("-created")
-        .first()
     )
+
+
+def latest_per_check(cluster):
+    """{node: {check: HealthResult}}: the newest result of every check on every node of the cluster."""
+    newest = (
+        HealthResult.objects.filter(cluster=cluster)
+        .values("node", "check_name")
+        .annotate(last=Max("id"))
+        .values_list("last", flat=True)
+    )
+    grid = {}
+    for result in HealthResult.objects.filter(id__in=list(newest)).select_related("operation"):
+        grid.setdefault(result.node, {})[result.check_name] = result
+    return grid
+
+
+def latest_results(cluster):
+    """(last finished scan, {node: {check: newest result}}) for the cluster's current nodes."""
+    scan = scans_of(cluster).filter(status=OperationStatus.SUCCEEDED).first()
     if scan is None:
         return None, {}
-    grid = {}
-    for result in scan.health_results.all():
-        grid.setdefault(result.node, {})[result.check_name] = result
-    return scan, grid
+    current = set(cluster.wanted_nodes().values_list("name", flat=True))
+    return scan, {node: row for node, row in latest_per_check(cluster).items() if node in current}

@@ -20,7 +20,7 @@ def checksum(size, rounds, seed, perturb=False):
 
 @check("correctness")
 def correctness(context):
-    limits = thresholds()["correctness"]
+    limits = thresholds(context)["correctness"]
     got = checksum(limits["size"], limits["rounds"], limits["seed"], perturb=context.get("faults", {}).get("perturb"))
     reference = context.get("reference_checksum") or checksum(limits["size"], limits["rounds"], limits["seed"])
     values = {"checksum": got}

@@ -8,7 +8,7 @@ from .gpu import run
 
 @check("dcgm")
 def dcgm(context):
-    level = thresholds()["dcgm"]["level"]
+    level = thresholds(context)["dcgm"]["level"]
     output = run(["dcgmi", "diag", "-r", str(level), "-j"], timeout=1800)
     if output is None:
         return Result(SKIPPED, reason="no GPU or DCGM (dcgmi not found)")

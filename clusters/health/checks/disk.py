@@ -7,7 +7,7 @@ from .. import FAIL, PASS, Result, check, thresholds
 
 @check("disk")
 def disk(context):
-    limits = thresholds()["disk"]
+    limits = thresholds(context)["disk"]
     values, problems = {}, []
     for path in context["paths"]:
         stat = os.statvfs(path)

@@ -22,7 +22,7 @@ def ecc(context):
     text = run(["nvidia-smi", "-q", "-d", "ECC,ROW_REMAPPER"])
     if text is None:
         return Result(SKIPPED, reason="no GPU (nvidia-smi not found)")
-    limits = thresholds()["ecc"]
+    limits = thresholds(context)["ecc"]
     values = {
         "volatile_uncorrectable": counts(text, "Volatile", "Uncorrectable"),
         "aggregate_uncorrectable": counts(text, "Aggregate", "Uncorrectable"),

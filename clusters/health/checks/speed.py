@@ -9,7 +9,7 @@ from .. import PASS, Result, check, thresholds
 
 @check("speed")
 def speed(context):
-    limits = thresholds()["speed"]
+    limits = thresholds(context)["speed"]
     size = limits["size"]
     a = np.random.default_rng(1).standard_normal((size, size))
     slow = context.get("faults", {}).get("slow", 0)
