@@ -4,10 +4,12 @@ Usage (from the scan job): python -m clusters.health.agent CONTEXT.json OUT_DIR
 No Django here: the node only needs numpy and, for GPU checks, nvidia-smi / dcgmi.
 """
 
+import importlib
 import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +22,10 @@ def main(context_path, out_dir):
     faults_file = Path(context.get("faults_dir", "/nonexistent")) / f"{node}.json"
     context["faults"] = json.loads(faults_file.read_text()) if faults_file.exists() else {}
     checks = load_checks()
+    if COLLECTIVE & set(context["checks"]):
+        # torch takes seconds to import: do it while the node's own checks run (a node has cores to
+        # spare; the import lock makes the collective check's own import wait for this one).
+        threading.Thread(target=importlib.import_module, args=("torch.distributed",), daemon=True).start()
     results = {}
     # Collective checks last, so every node reaches them after its own checks, near the same time.
     for name in sorted(context["checks"], key=lambda c: c in COLLECTIVE):
