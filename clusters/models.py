@@ -341,7 +341,7 @@ class SlurmJob(models.Model):
         """Seconds run so far (or in all, once ended); None before it starts."""
         if self.start_time is None:
             return None
-        end = self.end_time if self.end_time and self.end_time > self.start_time else timezone.now()
+        end = self.end_time if self.end_time and self.end_time >= self.start_time else timezone.now()
         return int((end - self.start_time).total_seconds())
 
 

@@ -187,6 +187,7 @@ def cluster_health(request, project, name):
         "rows": rows,
         "failing_only": failing_only,
         "scans": scans_of(cluster)[:8],
+        "current": set(grid),
     }
     return render_fragment(request, "clusters/partials/health.html", context)
 
@@ -233,7 +234,8 @@ def scan_context(cluster, operation):
     for result in results:
         grid.setdefault(result.node, {})[result.check_name] = result
     rows = [(node, [row.get(c) for c in checks]) for node, row in sorted(grid.items())]
-    return {"cluster": cluster, "operation": operation, "checks": checks, "rows": rows}
+    current = set(cluster.wanted_nodes().values_list("name", flat=True))
+    return {"cluster": cluster, "operation": operation, "checks": checks, "rows": rows, "current": current}
 
 
 def node_detail(request, project, name, node):

@@ -193,6 +193,7 @@ def test_node_page_and_api_show_checks_history_repairs_and_events(rosa_api, rosa
     assert fix.params["action"] == "clean_scratch"
     html = rosa_web.get("/clusters/rlab/train/nodes/cpu-1/").content.decode()
     assert 'data-check="speed"' in html and 'id="speed-chart"' in html  # two scans: a chart
+    assert "checksum " in html and "/tmp.free_fraction " in html  # values as text, checksums shortened
     assert 'id="node-repairs"' in html and "clean_scratch" in html
     assert "Repaired cpu-1 (disk) by clean_scratch: disk passes on all 2 scanned nodes" in html
     node = rosa_api.get(API + "nodes/cpu-1/").json()
