@@ -6,24 +6,11 @@ create plans and submits in under 10 s of console time. The fake answers at once
 the console's own work plus local HTTP. Usage: .venv/bin/python benchmarks/gce_calls.py
 """
 
-import os
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-WORK = Path(tempfile.mkdtemp(prefix="tcc-bench-"))
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="console.settings",
-    DATABASE_URL=f"sqlite:///{WORK / 'bench.sqlite3'}",
-    LOG_LEVEL="WARNING",
-)
+from _setup import scratch_django
 
-import django  # noqa: E402
-
-django.setup()
+scratch_django()
 
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402

@@ -11,28 +11,13 @@ Usage: .venv/bin/python benchmarks/health_scan.py
 """
 
 import json
-import os
 import shutil
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-WORK = Path(tempfile.mkdtemp(prefix="tcc-bench-"))
-WORK.chmod(0o755)  # slurmrestd runs as nobody and reads slurm.conf below here
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="console.settings",
-    DATABASE_URL=f"sqlite:///{WORK / 'bench.sqlite3'}",
-    LOCAL_CLUSTERS_DIR=str(WORK / "c"),
-    LOG_LEVEL="WARNING",
-    AUTO_REPAIR="false",
-)
+from _setup import ROOT, WORK, scratch_django
 
-import django  # noqa: E402
-
-django.setup()
+scratch_django(AUTO_REPAIR="false")
 
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402

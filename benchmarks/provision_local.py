@@ -6,27 +6,12 @@ deletes each cluster and times that too. Usage: .venv/bin/python benchmarks/prov
 """
 
 import json
-import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-WORK = Path(tempfile.mkdtemp(prefix="tcc-bench-"))
-WORK.chmod(0o755)  # slurmrestd runs as nobody and reads slurm.conf below here
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="console.settings",
-    DATABASE_URL=f"sqlite:///{WORK / 'bench.sqlite3'}",
-    LOCAL_CLUSTERS_DIR=str(WORK / "clusters"),
-    CELERY_TASK_ALWAYS_EAGER="true",
-    LOG_LEVEL="WARNING",
-)
+from _setup import ROOT, scratch_django
 
-import django  # noqa: E402
-
-django.setup()
+scratch_django(CELERY_TASK_ALWAYS_EAGER="true")
 
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402

@@ -6,28 +6,15 @@ job runs under Slurm). Usage: .venv/bin/python benchmarks/recipes_tiny.py [steps
 """
 
 import json
-import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-WORK = Path(tempfile.mkdtemp(prefix="tcc-bench-", dir="/tmp"))
-WORK.chmod(0o755)  # slurmrestd runs as nobody and reads slurm.conf below here
-os.environ.update(
-    DJANGO_SETTINGS_MODULE="console.settings",
-    DATABASE_URL=f"sqlite:///{WORK / 'bench.sqlite3'}",
-    LOCAL_CLUSTERS_DIR=str(WORK / "c"),
-    LOG_LEVEL="WARNING",
-)
+from _setup import ROOT, WORK, scratch_django
 
-import django  # noqa: E402
-
-django.setup()
+scratch_django()
 
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402

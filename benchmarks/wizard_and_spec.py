@@ -9,27 +9,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-WORK = Path(tempfile.mkdtemp(prefix="tcc-bench-"))
-WORK.chmod(0o755)  # slurmrestd runs as nobody and reads slurm.conf below here
-ENV = {
-    "DJANGO_SETTINGS_MODULE": "console.settings",
-    "DATABASE_URL": f"sqlite:///{WORK / 'bench.sqlite3'}",
-    "LOCAL_CLUSTERS_DIR": str(WORK / "clusters"),
-    "REDIS_URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
-    "LOCAL_MAX_NODES": "1000",
-    "LOG_LEVEL": "WARNING",
-}
-os.environ.update(ENV)
+from _setup import ROOT, scratch_django
 
-import django  # noqa: E402
-
-django.setup()
+ENV = scratch_django(REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"), LOCAL_MAX_NODES="1000")
 
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402

@@ -1,0 +1,34 @@
+"""The set-up every benchmark shares: a scratch folder, its own SQLite database and local clusters
+there, Django configured from environment variables, and the repository on sys.path.
+
+    from _setup import ROOT, WORK, scratch_django
+    ENV = scratch_django(AUTO_REPAIR="false")   # extra settings as environment variables
+
+Run a benchmark as `.venv/bin/python benchmarks/NAME.py` (this folder is then on sys.path).
+"""
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = Path(tempfile.mkdtemp(prefix="tcc-bench-", dir="/tmp"))
+WORK.chmod(0o755)  # slurmrestd runs as nobody and reads slurm.conf below here
+
+
+def scratch_django(**env):
+    """Point Django at the scratch folder (plus `env`), set it up, and return the environment used."""
+    sys.path.insert(0, str(ROOT))
+    values = {
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+        "DATABASE_URL": f"sqlite:///{WORK / 'bench.sqlite3'}",
+        "LOCAL_CLUSTERS_DIR": str(WORK / "clusters"),
+        "LOG_LEVEL": "WARNING",
+        **env,
+    }
+    os.environ.update(values)
+    import django
+
+    django.setup()
+    return values
