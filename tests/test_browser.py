@@ -66,6 +66,16 @@ def test_alice_reaches_a_ready_cluster_from_a_reference_architecture(page, live_
     sync_api = pytest.importorskip("playwright.sync_api")
     sync_api.expect(page.locator("#nodes .badge", has_text="idle")).to_have_count(2, timeout=20_000)
     assert Cluster.objects.get(name="refcpu").status == ClusterStatus.READY
+    # The periodic scan's form answers a bad value in place (htmx swaps the 400) and keeps the input.
+    schedule = page.locator("#schedule")
+    schedule.get_by_label("hours between scans").fill("soon")
+    schedule.get_by_role("button", name="Save schedule").click()
+    page.locator("#schedule .field-error", has_text="must be a number of hours").wait_for()
+    assert page.locator("#schedule").get_by_label("hours between scans").input_value() == "soon"
+    page.locator("#schedule").get_by_label("hours between scans").fill("2")
+    page.locator("#schedule").get_by_role("button", name="Save schedule").click()
+    page.locator("#schedule", has_text="Saved.").wait_for()
+    assert Cluster.objects.get(name="refcpu").health_schedule.every_minutes == 120
 
 
 def start_step_by_step(page, live_server, cluster_id="steps"):

@@ -362,7 +362,7 @@ def latest_per_check(cluster):
         .values_list("last", flat=True)
     )
     grid = {}
-    for result in HealthResult.objects.filter(id__in=list(newest)).select_related("operation"):
+    for result in HealthResult.objects.filter(id__in=newest).select_related("operation"):
         grid.setdefault(result.node, {})[result.check_name] = result
     return grid
 
