@@ -91,6 +91,7 @@ def test_a_slow_node_is_a_straggler_against_the_fleet_median(hana_api, client, c
     client.force_login(cluster.project.members.get())
     grid = client.get("/clusters/hlab/train/health/?failing=1").content.decode()
     assert 'data-node="cpu-1"' in grid and 'data-node="cpu-0"' not in grid
+    assert 'hx-get="/clusters/hlab/train/health/?failing=1"' in grid  # the next poll keeps the filter
 
 
 def test_a_disk_fault_fails_the_disk_check_and_slurms_health_check_drains_the_node(hana_api, cluster):
