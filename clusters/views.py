@@ -169,17 +169,12 @@ def status_counts(clusters):
 
 def cluster_health(request, project, name):
     """The newest result of every check on every node, recent scans and the schedule (polled)."""
-    from .health.scans import latest_results, scans_of
+    from .health.scans import grid_rows, latest_results, scans_of
 
     cluster = cluster_for(request, project, name)
     scan, grid = latest_results(cluster)
-    checks = sorted({c for row in grid.values() for c in row})
     failing_only = request.GET.get("failing") == "1"
-    rows = [
-        (node, [row.get(c) for c in checks])
-        for node, row in sorted(grid.items())
-        if not failing_only or any(r.status in ("fail", "warn") for r in row.values())
-    ]
+    checks, rows = grid_rows(grid, failing_only)
     context = {
         "cluster": cluster,
         "scan": scan,
@@ -228,12 +223,9 @@ def scan_progress(request, project, name, scan):
 
 
 def scan_context(cluster, operation):
-    results = list(operation.health_results.all())
-    checks = sorted({r.check_name for r in results})
-    grid = {}
-    for result in results:
-        grid.setdefault(result.node, {})[result.check_name] = result
-    rows = [(node, [row.get(c) for c in checks]) for node, row in sorted(grid.items())]
+    from .health.scans import by_node, grid_rows
+
+    checks, rows = grid_rows(by_node(operation.health_results.all()))
     current = set(cluster.wanted_nodes().values_list("name", flat=True))
     return {"cluster": cluster, "operation": operation, "checks": checks, "rows": rows, "current": current}
 
@@ -243,7 +235,7 @@ def node_detail(request, project, name, node):
     repairs and its events."""
     from recipes.charts import line_chart
 
-    from .choices import OperationKind
+    from .health.scans import repairs_of
     from .models import HealthResult
 
     cluster = cluster_for(request, project, name)
@@ -266,7 +258,7 @@ def node_detail(request, project, name, node):
         "node": node,
         "checks": [(check, results[:10]) for check, results in sorted(history.items())],
         "charts": charts,
-        "repairs": cluster.operations.filter(kind=OperationKind.REPAIR, params__node=node.name)[:50],
+        "repairs": repairs_of(cluster, node.name)[:50],
         "events": cluster.events.filter(node=node.name)[:100],
     }
     return render(request, "clusters/node_detail.html", context)

@@ -66,17 +66,22 @@ class RunList(APIView):
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
+def run_for(request, project, cluster, run):
+    """A run of a cluster the user can see, or 404."""
+    return get_object_or_404(Run, cluster=cluster_for(request, project, cluster), uuid=run)
+
+
 class RunDetail(APIView):
     @extend_schema(responses=RunSerializer)
     def get(self, request, project, cluster, run):
-        found = get_object_or_404(Run, cluster=cluster_for(request, project, cluster), uuid=run)
+        found = run_for(request, project, cluster, run)
         return Response(RunSerializer(services.refresh_run(found)).data)
 
 
 class RunCancel(APIView):
     @extend_schema(request=None, responses=RunSerializer)
     def post(self, request, project, cluster, run):
-        found = get_object_or_404(Run, cluster=cluster_for(request, project, cluster), uuid=run)
+        found = run_for(request, project, cluster, run)
         try:
             services.cancel_run(found)
         except ConsoleError as exc:
@@ -95,7 +100,7 @@ class ModelVersionSerializer(serializers.ModelSerializer):
 class RunRegister(APIView):
     @extend_schema(request=None, responses={201: ModelVersionSerializer})
     def post(self, request, project, cluster, run):
-        found = get_object_or_404(Run, cluster=cluster_for(request, project, cluster), uuid=run)
+        found = run_for(request, project, cluster, run)
         name = request.data.get("name", "") if isinstance(request.data, dict) else ""
         try:
             version = services.register_model(run=found, name=name, user=request.user)

@@ -7,9 +7,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import services
-from ..choices import OperationKind
 from ..models import Cluster, Operation, Project
 from ..spec import SpecError
+from ..views import cluster_for  # the pages' rule; DRF answers its Http404 as a JSON 404
 from .serializers import (
     ClusterCreateSerializer,
     ClusterSerializer,
@@ -31,12 +31,6 @@ from .serializers import (
 def project_for(request, slug):
     """The project, or 404 when it does not exist or the user is not a member (no difference shown)."""
     return get_object_or_404(Project.objects.for_user(request.user), slug=slug)
-
-
-def cluster_for(request, project, name):
-    return get_object_or_404(
-        Cluster.objects.live().select_related("project"), project=project_for(request, project), name=name
-    )
 
 
 def spec_error_response(exc):
@@ -240,13 +234,13 @@ class NodeDetail(APIView):
 
     @extend_schema(responses=NodeDetailSerializer)
     def get(self, request, project, cluster, node):
-        from ..health.scans import latest_per_check
+        from ..health.scans import latest_per_check, repairs_of
 
         cluster = cluster_for(request, project, cluster)
         services.refresh_nodes(cluster)
         node = get_object_or_404(cluster.nodes.select_related("node_pool"), name=node)
         latest = latest_per_check(cluster).get(node.name, {})
-        repairs = cluster.operations.filter(kind=OperationKind.REPAIR, params__node=node.name)[:50]
+        repairs = repairs_of(cluster, node.name)[:50]
         return Response(
             {
                 **NodeDetailSerializer(node).data,
@@ -263,7 +257,7 @@ class ClusterRepairs(generics.ListAPIView):
     serializer_class = RepairSerializer
 
     def get_queryset(self):
+        from ..health.scans import repairs_of
+
         cluster = cluster_for(self.request, self.kwargs["project"], self.kwargs["cluster"])
-        repairs = cluster.operations.filter(kind=OperationKind.REPAIR).select_related("cluster")
-        node = self.request.query_params.get("node")
-        return repairs.filter(params__node=node) if node else repairs
+        return repairs_of(cluster, self.request.query_params.get("node")).select_related("cluster")

@@ -55,6 +55,12 @@ def thresholds(context=None):
     return merged
 
 
+def unknown_checks(checks):
+    """A message for each name in `checks` that is not a registered check."""
+    known = load_checks()
+    return [f"unknown check {c!r}; choose from: {', '.join(known)}" for c in checks if c not in known]
+
+
 def threshold_errors(overrides):
     """{field path: [reason]} for overrides that are not known thresholds with sensible values."""
     if not isinstance(overrides, dict):

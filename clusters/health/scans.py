@@ -21,7 +21,7 @@ from ..backends import PermanentBackendError, TransientBackendError, get_backend
 from ..backends.base import Step
 from ..choices import ClusterStatus, NodeRole, NodeState, OperationKind, OperationStatus
 from ..models import HealthResult, Operation
-from . import FAIL, PASS, WARN, load_checks, threshold_errors, thresholds
+from . import FAIL, PASS, WARN, load_checks, threshold_errors, thresholds, unknown_checks
 from .checks.correctness import checksum
 from .faults import faults_dir
 
@@ -46,12 +46,10 @@ def start_scan(*, cluster, checks=None, user=None, thresholds=None, idle_only=Fa
     """Validate a scan request and start its operation; ScanError (a 400) names every bad field."""
     from ..services import Conflict, start_operation
 
-    known = load_checks()
-    checks = list(checks) if checks else list(known)
+    checks = list(checks) if checks else list(load_checks())
     errors = {}
-    unknown = [c for c in checks if c not in known]
-    if unknown:
-        errors["checks"] = [f"unknown check {c!r}; choose from: {', '.join(known)}" for c in unknown]
+    if unknown_checks(checks):
+        errors["checks"] = unknown_checks(checks)
     errors.update(threshold_errors(thresholds or {}))
     if not scannable(cluster):
         errors["cluster"] = [
@@ -361,10 +359,33 @@ def latest_per_check(cluster):
         .annotate(last=Max("id"))
         .values_list("last", flat=True)
     )
+    return by_node(HealthResult.objects.filter(id__in=newest).select_related("operation"))
+
+
+def by_node(results):
+    """{node: {check: result}} of a set of results (one per node and check)."""
     grid = {}
-    for result in HealthResult.objects.filter(id__in=newest).select_related("operation"):
+    for result in results:
         grid.setdefault(result.node, {})[result.check_name] = result
     return grid
+
+
+def grid_rows(grid, failing_only=False):
+    """(checks, [(node, [result or None per check])]) for the node x check table, nodes in order;
+    `failing_only` keeps the nodes with a failing or warning result."""
+    checks = sorted({c for row in grid.values() for c in row})
+    rows = [
+        (node, [row.get(c) for c in checks])
+        for node, row in sorted(grid.items())
+        if not failing_only or any(r.status in (FAIL, WARN) for r in row.values())
+    ]
+    return checks, rows
+
+
+def repairs_of(cluster, node=None):
+    """The cluster's REPAIR operations, newest first; only `node`'s when given."""
+    repairs = cluster.operations.filter(kind=OperationKind.REPAIR)
+    return repairs.filter(params__node=node) if node else repairs
 
 
 def latest_results(cluster):

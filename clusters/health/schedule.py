@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from ..choices import ClusterStatus
 from ..models import HealthResult, HealthSchedule
-from . import load_checks
+from . import unknown_checks
 
 MIN_MINUTES, MAX_MINUTES = 5, 30 * 24 * 60
 BUSY_RETRY, NO_IDLE_RETRY = timedelta(minutes=5), timedelta(hours=1)
@@ -48,13 +48,11 @@ def schedule_errors(data):
         if isinstance(value, bool) or not isinstance(value, int) or not MIN_MINUTES <= value <= MAX_MINUTES:
             errors["every_minutes"] = [f"must be whole minutes from {MIN_MINUTES} to {MAX_MINUTES} (30 days)"]
     if "checks" in data:
-        checks, known = data["checks"], load_checks()
+        checks = data["checks"]
         if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
             errors["checks"] = ["must be a list of check names (empty: every check)"]
-        else:
-            bad = [c for c in checks if c not in known]
-            if bad:
-                errors["checks"] = [f"unknown check {c!r}; choose from: {', '.join(known)}" for c in bad]
+        elif unknown_checks(checks):
+            errors["checks"] = unknown_checks(checks)
     return errors
 
 
