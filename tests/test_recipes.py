@@ -14,7 +14,7 @@ from clusters.backends import processes
 from recipes.catalog import recipes
 from recipes.models import ModelVersion, Run, RunStatus
 
-from .conftest import api_client_for, module_cluster
+from .conftest import api_client_for, module_cluster, wait_until
 
 pytestmark = pytest.mark.django_db
 RUNS = "/api/v1/projects/rlab/clusters/train/runs/"
@@ -217,10 +217,16 @@ def test_automation_submits_lists_and_cancels_jobs_through_slurmrestd(rita_api):
         SLURM_REST, {"method": "HTTP_METHOD_DELETE", "path": f"/slurm/v0.0.38/job/{job_id}"}, format="json"
     )
     assert cancelled.json()["status_code"] == 200
-    job = rita_api.post(
-        SLURM_REST, {"method": "HTTP_METHOD_GET", "path": f"/slurm/v0.0.38/job/{job_id}"}, format="json"
-    )
-    assert job.json()["body"]["jobs"][0]["job_state"] == "CANCELLED"
+
+    def state():
+        job = rita_api.post(
+            SLURM_REST, {"method": "HTTP_METHOD_GET", "path": f"/slurm/v0.0.38/job/{job_id}"}, format="json"
+        )
+        return job.json()["body"]["jobs"][0]["job_state"]
+
+    # scancel passes through COMPLETING while the job's processes are killed.
+    wait_until(lambda: state() != "COMPLETING", timeout=30, message="the cancel to finish")
+    assert state() == "CANCELLED"
 
 
 @pytest.mark.parametrize(
