@@ -52,7 +52,7 @@ def interconnect(context):
     device = torch.device("cuda:0" if gpu else "cpu")
     backend = "nccl" if gpu else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=limits["timeout_seconds"]))
-    delay = float(context.get("faults", {}).get("slow_link", 0)) * 0.01  # fault injection: a slow NIC
+    delay = float(context.get("faults", {}).get("slow_link", 0)) * 0.05  # fault injection: a slow NIC
     try:
         names = [None] * world
         dist.all_gather_object(names, os.environ.get("SLURMD_NODENAME", str(rank)))
