@@ -368,7 +368,8 @@ def run_operation(operation_id, stale_after=None):
             finish_repair(operation)
         else:
             cluster.wanted_nodes().filter(state=NodeState.PENDING).update(state=NodeState.PROVISIONING)
-            run_steps(operation, backend.apply_steps(cluster) + first_scan_steps(operation))
+            scan = first_scan_steps(operation)
+            run_steps(operation, backend.apply_steps(cluster, hold=operation.params.get("hold")) + scan)
             finish_apply(operation)
     except TransientBackendError as exc:
         operation.release(f"Will retry: {exc}")
@@ -394,20 +395,27 @@ def run_steps(operation, steps):
 
 
 def first_scan_steps(operation):
-    """A create ends with a health scan of every node (the cluster is READY only if it passes)."""
-    from .health import scans
+    """A create or a resize ends with a health scan of the nodes it starts, which are held from users'
+    jobs until then (the cluster is READY only if it passes)."""
+    from .health import holds, scans
 
-    if operation.kind != OperationKind.CREATE or not settings.HEALTH_SCAN_BEFORE_READY:
+    if operation.kind not in (OperationKind.CREATE, OperationKind.UPDATE) or not settings.HEALTH_SCAN_BEFORE_READY:
         return []
-    if not get_backend(operation.cluster.backend).runs_jobs:
+    cluster = operation.cluster
+    if not get_backend(cluster.backend).runs_jobs:
         return []
+    new = list(cluster.compute_nodes().filter(state=NodeState.PROVISIONING).values_list("name", flat=True))
+    if not new:
+        return []
+    holds.begin(operation, new)
     return scans.scan_steps(operation, prefix="First health scan: ")
 
 
 def finish_apply(operation):
-    from .health import repair, scans
+    from .health import holds, repair, scans
 
     cluster = operation.cluster
+    holds.end(operation, "failed its first health scan")
     cluster.nodes.filter(state=NodeState.DELETING).delete()
     cluster.wanted_nodes().update(state=NodeState.READY)
     busy = ClusterStatus.PROVISIONING if operation.kind == OperationKind.CREATE else ClusterStatus.UPDATING
@@ -421,17 +429,20 @@ def finish_apply(operation):
     else:
         cluster.set_status(ClusterStatus.READY, expected=[busy])
     operation.finish(OperationStatus.SUCCEEDED)
-    if operation.kind == OperationKind.UPDATE:
-        record_event(cluster, f"Update done: {nodes}", operation=operation)
-    elif failing:
+    if failing:
+        done = "Cluster provisioned" if operation.kind == OperationKind.CREATE else "Update done"
         record_event(
             cluster,
-            f"Cluster provisioned ({nodes}) but not ready: {cluster.status_message}. "
-            "It becomes ready once every failing node is repaired and passes again.",
+            f"{done} ({nodes}) but not ready: {cluster.status_message}. The failing nodes are drained; "
+            "the cluster becomes ready once each is repaired and passes again.",
             level=EventLevel.WARNING,
             operation=operation,
         )
         repair.after_health(cluster, operation)
+    elif operation.kind == OperationKind.UPDATE:
+        new = ", ".join(operation.params.get("held", []))
+        scan = f"; the first health scan of {new} passed" if scanned else ""
+        record_event(cluster, f"Update done: {nodes}{scan}", operation=operation)
     elif scanned:
         record_event(cluster, f"Cluster ready: {nodes}; the first health scan passed", operation=operation)
     else:
@@ -453,11 +464,13 @@ def finish_scan(operation):
 
 
 def finish_repair(operation):
+    from .health.holds import end
     from .health.repair import after_health, verified
 
-    operation.finish(OperationStatus.SUCCEEDED)
     params = operation.params
     node, failure, action = params["node"], params["failure"], params["action"]
+    end(operation, f"{action} did not fix it", failure=failure)
+    operation.finish(OperationStatus.SUCCEEDED)
     if not operation.health_results.exists():
         record_event(operation.cluster, f"Repaired {node} ({failure}) by {action}", operation=operation, node=node)
         return
@@ -486,6 +499,7 @@ def fail_operation(operation_id, message):
     if not operation.finish(OperationStatus.FAILED, error=message):
         return
     cluster = operation.cluster
+    end_hold_of_failed(operation)
     if operation.kind in (OperationKind.SCAN, OperationKind.REPAIR):
         pass  # the cluster's own state is unchanged; a failed repair leaves the node drained for the next
     elif operation.kind == OperationKind.UPDATE:
@@ -500,6 +514,32 @@ def fail_operation(operation_id, message):
         level=EventLevel.ERROR,
         operation=operation,
     )
+
+
+def end_hold_of_failed(operation):
+    """A failed operation's held nodes that no scan passed stay out of service (drained), the rest return."""
+    from .health.holds import end
+
+    if operation.kind in (OperationKind.CREATE, OperationKind.DELETE) or "hold" not in operation.params:
+        return  # a failed create's cluster is FAILED as a whole (its Slurm may never have started)
+    try:
+        why, failure = "its operation failed before a scan passed it", operation.params.get("failure")
+        drained = end(operation, why, failure=failure)
+    except BackendError as exc:
+        record_event(
+            operation.cluster,
+            f"Could not end hold {operation.params['hold']}: {exc}",
+            level=EventLevel.ERROR,
+            operation=operation,
+        )
+        return
+    if drained:
+        record_event(
+            operation.cluster,
+            f"Drained {', '.join(drained)}: {operation.get_kind_display().lower()} failed before a scan passed them",
+            level=EventLevel.WARNING,
+            operation=operation,
+        )
 
 
 def resume_stale_operations(stale_after=None):

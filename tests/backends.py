@@ -7,7 +7,7 @@ class ScriptedBackend(Backend):
     name = "scripted"
     label = "Scripted (tests)"
 
-    def steps(self, cluster):
+    def steps(self, cluster, hold=None):
         def fail():
             if cluster.name.startswith("flaky"):
                 raise TransientBackendError("zone capacity exhausted, try later")

@@ -6,14 +6,16 @@ outsider. Operations run in-process through the service layer (the Celery path i
 """
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
 from clusters import services
 from clusters.backends import get_backend
+from clusters.backends.slurm import run_client
 from clusters.choices import ClusterStatus, OperationKind, OperationStatus
-from clusters.health import faults, repair
+from clusters.health import faults, repair, scans
 from clusters.health.scans import start_scan, targets
 from clusters.health.schedule import prune_results, run_due_scans, run_one, schedule_for
 from clusters.models import Cluster, HealthResult, HealthSchedule, Operation
@@ -46,6 +48,17 @@ def rosa_web(client, rosa):
     return client
 
 
+@pytest.fixture
+def own_clusters(cluster):
+    """Clusters a test creates beside the module's are stopped when it ends: their rows roll back, so
+    the next test's cluster could get the same id, and with it the same folder and ports."""
+    before = set(Cluster.objects.values_list("pk", flat=True))
+    yield
+    for extra in Cluster.objects.exclude(pk__in=before):
+        for step in get_backend(extra.backend).delete_steps(extra):
+            step.run()
+
+
 def run(operation):
     services.run_operation(operation.pk)
     operation.refresh_from_db()
@@ -66,7 +79,9 @@ def test_a_new_cluster_is_ready_only_once_its_first_scan_passes(cluster):
     assert "Cluster ready: 2 compute nodes idle in Slurm; the first health scan passed" in timeline(cluster)
 
 
-def test_a_failed_first_scan_keeps_the_cluster_verifying_until_the_node_is_replaced(rosa, cluster, settings):
+def test_a_failed_first_scan_keeps_the_cluster_verifying_until_the_node_is_replaced(
+    rosa, cluster, settings, own_clusters
+):
     settings.AUTO_REPAIR = True
     create = services.create_cluster(project=cluster.project, name="fresh", spec=example_spec(), user=rosa)
     faults.inject(create.cluster, "cpu-1", "perturb")  # wrong results from the very start
@@ -84,6 +99,81 @@ def test_a_failed_first_scan_keeps_the_cluster_verifying_until_the_node_is_repla
     events = timeline(fresh)
     assert "Repaired cpu-1 (correctness) by replace: correctness passes on all 2 scanned nodes" in events
     assert events[-1] == "Cluster ready: every node passes its health checks again"
+
+
+def test_a_node_added_by_a_resize_takes_no_job_before_its_first_scan_passes(
+    rosa, cluster, settings, monkeypatch, own_clusters
+):
+    settings.AUTO_REPAIR = True
+    grow = Cluster.objects.get(
+        pk=run(services.create_cluster(project=cluster.project, name="grow", spec=example_spec(), user=rosa)).cluster_id
+    )
+    backend = get_backend("local")
+    update = services.update_cluster(cluster=grow, spec=example_spec(cpu=3), user=rosa)
+    faults.inject(grow, "cpu-2", "perturb")  # the new machine computes wrong results
+    pinned = {}
+
+    def submit_beside_a_user_job(operation):
+        # The moment the new node is up and before its scan: rosa's job asks for that node.
+        if not pinned:
+            script = Path(backend.shared_dir(grow)) / "pinned.sbatch"
+            script.write_text("#!/bin/bash\n#SBATCH --nodelist=cpu-2\n#SBATCH --output=/dev/null\nhostname\n")
+            pinned["id"] = backend.submit_batch(grow, script)
+        return real_submit(operation)
+
+    real_submit = scans.submit
+    monkeypatch.setattr(scans, "submit", submit_beside_a_user_job)
+    run(update)
+    assert update.params["held"] == ["cpu-2"]
+    assert {r.node for r in update.health_results.all()} == {"cpu-2"}  # only the new node is scanned
+    job = backend.job_status(grow, pinned["id"])
+    assert job.state == "PENDING", job  # it never ran on the held node, and the node is drained now
+    node = next(s for s in backend.node_statuses(grow) if s.name == "cpu-2")
+    assert "drain" in node.display_state and node.reason == "tcc correctness: failed its first health scan"
+    backend.cancel_job(grow, pinned["id"])
+    grow.refresh_from_db()
+    assert grow.status == ClusterStatus.VERIFYING
+    fix = Operation.objects.get(cluster=grow, kind=OperationKind.REPAIR)
+    run(fix)
+    assert fix.params["held"] == ["cpu-3"]  # the replacement is held until its verification passes
+    grow.refresh_from_db()
+    assert grow.status == ClusterStatus.READY, timeline(grow)
+    assert "No reservations" in run_client(backend.paths(grow).conf, "scontrol", "show", "reservation").stdout
+    events = timeline(grow)
+    assert any(e.startswith("Update done (3 compute nodes idle in Slurm) but not ready") for e in events), events
+    assert "Repaired cpu-2 (correctness) by replace: correctness passes on all 3 scanned nodes" in events
+
+
+def test_a_hold_keeps_other_jobs_off_its_node_until_it_ends(cluster):
+    backend = get_backend("local")
+    folder = Path(backend.shared_dir(cluster))
+
+    def job(name, *options):
+        script = folder / f"{name}.sbatch"
+        script.write_text(
+            "\n".join(["#!/bin/bash", *(f"#SBATCH {o}" for o in options), "#SBATCH --output=/dev/null", "true", ""])
+        )
+        return backend.submit_batch(cluster, script)
+
+    def state(job_id):
+        found = backend.job_status(cluster, job_id)
+        return found.state if found else "GONE"
+
+    backend.hold(cluster, "tcc-hold-test", ["cpu-1"])
+    backend.hold(cluster, "tcc-hold-test", ["cpu-1"])  # again: the same hold
+    try:
+        users = job("users", "--nodelist=cpu-1")
+        scan = job("scan", "--nodelist=cpu-0,cpu-1", "--nodes=2", "--reservation=tcc-hold-test")
+        # The job asking for the hold runs, on the held node and another (FLEX) ...
+        wait_until(lambda: state(scan) in ("COMPLETED", "GONE"), timeout=30, message="the hold's own job to run")
+        # ... while the other job waits, and its node is left out of scans that do not hold it.
+        assert state(users) == "PENDING"
+        assert "held for another operation's scan" in targets(cluster)[1]["cpu-1"]
+        assert targets(cluster, held=["cpu-1"])[0] == {"cpu": ["cpu-0", "cpu-1"]}
+    finally:
+        backend.release(cluster, "tcc-hold-test")
+    backend.release(cluster, "tcc-hold-test")  # a hold that is gone already is fine
+    wait_until(lambda: state(users) in ("COMPLETED", "GONE"), timeout=30, message="the other job to run")
 
 
 def test_it_refuses_bad_scans_with_field_messages_and_starts_nothing(rosa_api, cluster):

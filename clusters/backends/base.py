@@ -102,8 +102,11 @@ class Backend:
         """(kind, name, detail) for every resource a create would make, named as it will be: the dry run."""
         raise NotImplementedError
 
-    def apply_steps(self, cluster):
-        """Steps that bring the real cluster to its wanted nodes: create, grow or shrink."""
+    def apply_steps(self, cluster, hold=None):
+        """Steps that bring the real cluster to its wanted nodes: create, grow or shrink.
+
+        With `hold` (a name; only asked of backends that run jobs), the nodes this apply starts are put
+        in that hold (see hold()) before they can take a job: they are scanned before users get them."""
         raise NotImplementedError
 
     def delete_steps(self, cluster):
@@ -152,6 +155,16 @@ class Backend:
 
     def clean_scratch(self, cluster, node):
         raise PermanentBackendError(f"The {self.name} backend cannot clean scratch space yet")
+
+    def hold(self, cluster, name, nodes):
+        """Keep `nodes` for jobs that ask for hold `name` (on Slurm, a reservation): no other job starts
+        on them, while a job asking for the hold may use other nodes too. Again with the same name: the
+        hold covers `nodes` as well. Only asked of backends that run jobs."""
+        raise PermanentBackendError(f"The {self.name} backend cannot hold nodes yet")
+
+    def release(self, cluster, name):
+        """End hold `name` (its nodes take any job again); a hold that is gone already is fine."""
+        raise PermanentBackendError(f"The {self.name} backend cannot hold nodes yet")
 
     def call_slurm_rest(self, cluster, method, path, body=None):
         """Forward a request to the cluster's slurmrestd; returns (HTTP status, raw body)."""

@@ -198,7 +198,8 @@ class GceBackend(Backend):
             )
         return items
 
-    def apply_steps(self, cluster):
+    def apply_steps(self, cluster, hold=None):
+        # `hold` is never asked of this backend: the console cannot submit the scans it would wait for.
         ctx = Context(self, cluster)
         spec = cluster.spec
         console = spec.get("console") or {}

@@ -18,7 +18,7 @@ from ..backends import get_backend
 from ..backends.base import Step
 from ..choices import ClusterStatus, EventLevel, NodeRole, NodeState, OperationKind, OperationStatus
 from ..models import Node, Operation
-from . import FAIL, scans
+from . import FAIL, holds, scans
 
 REASON_PREFIX = "tcc "
 GAVE_UP = "gave up"
@@ -184,21 +184,26 @@ def repair_steps(operation):
 
         return Step(name, run)
 
+    verify = bool(operation.params.get("checks"))
     steps = [once(f"Drain {node}", lambda: backend.drain(cluster, node, f"{REASON_PREFIX}{failure}: {action}"))]
     if action == "replace":
-        steps.append(once(f"Replace {node}", lambda: replace(cluster, node)))
+        # The replacement is held from users' jobs until the verification scan passes it.
+        steps.append(once(f"Replace {node}", lambda: replace(cluster, node, operation if verify else None)))
     elif action != "drain":
         steps.append(
             once(f"{action.replace('_', ' ').capitalize()} {node}", lambda: getattr(backend, action)(cluster, node))
         )
+        if verify:
+            steps.append(holds.hold_step(operation, node))
         steps.append(Step(f"Resume {node}", lambda: backend.resume(cluster, node)))
-    if operation.params.get("checks"):
+    if verify:
         steps += scans.scan_steps(operation, prefix="Verify: ")
     return steps
 
 
-def replace(cluster, name):
-    """A new node takes the failing one's place in its pool (the cluster keeps its size)."""
+def replace(cluster, name, operation=None):
+    """A new node takes the failing one's place in its pool (the cluster keeps its size); with
+    `operation`, the new node is held for that operation's verification scan."""
     from ..services import add_nodes
 
     old = Node.objects.select_related("node_pool").get(cluster=cluster, name=name)
@@ -208,7 +213,11 @@ def replace(cluster, name):
         add_nodes(pool, [index])
         Node.objects.filter(node_pool=pool, index=index).update(repairs=old.repairs, state=NodeState.PROVISIONING)
         Node.objects.filter(pk=old.pk).update(state=NodeState.DELETING)
-    for step in get_backend(cluster.backend).apply_steps(cluster):
+    hold = None
+    if operation is not None:
+        new = pool.nodes.filter(state=NodeState.PROVISIONING).values_list("name", flat=True)
+        hold = holds.begin(operation, list(new))
+    for step in get_backend(cluster.backend).apply_steps(cluster, hold=hold):
         step.run()
     cluster.nodes.filter(state=NodeState.DELETING).delete()
     cluster.wanted_nodes().update(state=NodeState.READY)

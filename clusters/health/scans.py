@@ -80,11 +80,12 @@ def scan_dir(operation):
     return Path(get_backend(cluster.backend).shared_dir(cluster)) / "scans" / str(operation.uuid)
 
 
-def targets(cluster, idle_only=False):
+def targets(cluster, idle_only=False, held=()):
     """({partition: [node names]}, {node: why skipped}): the compute nodes Slurm can run a scan on now.
 
-    Drained or down nodes are skipped (a scan job asking for them would wait forever); with `idle_only`
-    (periodic scans) so are nodes running jobs. A node in two partitions is scanned in the first.
+    Drained or down nodes are skipped (a scan job asking for them would wait forever), and so are nodes
+    in a hold other than the scan's own (`held`); with `idle_only` (periodic scans) so are nodes running
+    jobs. A node in two partitions is scanned in the first.
     """
     from ..services import refresh_nodes
 
@@ -98,7 +99,7 @@ def targets(cluster, idle_only=False):
                 if node.state not in (NodeState.READY, NodeState.PROVISIONING) or node.name in seen:
                     continue
                 seen.add(node.name)
-                why = unschedulable(node, idle_only)
+                why = unschedulable(node, idle_only, held)
                 if why:
                     skipped[node.name] = why
                 else:
@@ -106,12 +107,12 @@ def targets(cluster, idle_only=False):
     return {name: sorted(nodes) for name, nodes in found.items()}, skipped
 
 
-def settled_targets(cluster, idle_only=False, grace=NOT_RESPONDING_GRACE):
+def settled_targets(cluster, idle_only=False, held=(), grace=NOT_RESPONDING_GRACE):
     """targets(), after giving nodes that are up but only flagged NOT_RESPONDING a moment: the flag
     is often a missed ping (a just-restarted slurmd gets it for about a second) that the next clears."""
     deadline = time.monotonic() + grace
     while True:
-        nodes, skipped = targets(cluster, idle_only)
+        nodes, skipped = targets(cluster, idle_only, held)
         flagged = [why for why in skipped.values() if why.split(" ")[0].split("+")[0] in ("idle", "mixed", "allocated")]
         if not flagged or time.monotonic() >= deadline:
             return nodes, skipped
@@ -121,11 +122,13 @@ def settled_targets(cluster, idle_only=False, grace=NOT_RESPONDING_GRACE):
 UNSCHEDULABLE = {"down", "drained", "draining", "drain", "fail", "failing", "unknown"}
 
 
-def unschedulable(node, idle_only):
+def unschedulable(node, idle_only, held=()):
     """Why a scan job cannot use this node now, or ""."""
     base, *flags = (node.slurm_state or "unknown").lower().split("+")
     if base in UNSCHEDULABLE or {"drain", "not_responding"} & set(flags):
         return (node.slurm_state or "not seen by Slurm") + (f" ({node.slurm_reason})" if node.slurm_reason else "")
+    if "reserved" in flags and node.name not in held:
+        return f"{node.slurm_state}: held for another operation's scan"
     if idle_only and base != "idle":
         return f"{base}: running jobs"
     return ""
@@ -163,7 +166,14 @@ def write_job(operation):
     folder.mkdir(parents=True, exist_ok=True)
     params = operation.params
     if "nodes" not in params:
-        nodes, skipped = settled_targets(cluster, idle_only=params.get("idle_only", False))
+        held = params.get("held", [])
+        nodes, skipped = settled_targets(cluster, idle_only=params.get("idle_only", False), held=held)
+        if params.get("held") and operation.kind != OperationKind.REPAIR:
+            # A create's or resize's first scan is of the nodes it started; a repair's verification
+            # scans its held node among the others (speed and links are judged against peers).
+            nodes = {p: [n for n in names if n in held] for p, names in nodes.items()}
+            nodes = {p: names for p, names in nodes.items() if names}
+            skipped = {n: why for n, why in skipped.items() if n in held}
         params = {"checks": list(load_checks()), **params, "nodes": nodes, "skipped_nodes": skipped}
         operation.params = params
         Operation.objects.filter(pk=operation.pk).update(params=params)
@@ -197,6 +207,7 @@ def write_job(operation):
                 "#SBATCH --time=30",
                 # A scan is judged on the nodes it was given; it is never rerun behind the console's back.
                 "#SBATCH --no-requeue",
+                *([f"#SBATCH --reservation={params['hold']}"] if params.get("hold") else []),
                 f"#SBATCH --output={folder}/slurm-{name}-%j.out",
                 f"cd {shlex.quote(str(settings.BASE_DIR))}",
                 # One BLAS thread per task: each node measures itself, not a fight over shared cores.
