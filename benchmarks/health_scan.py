@@ -1,6 +1,7 @@
 """Health figures on real local Slurm clusters: scan wall time for 2, 4 and 8 nodes (target: flat,
 within 1.5x from 2 to 8), the interconnect check alone (all-reduce + pairwise rounds: n-1 rounds up to
-16 nodes), create -> READY including the first scan, and time to repair a killed node (-> idle again,
+16 nodes), create -> READY including the first scan, a resize whose new node is held until its own
+first scan passes, and time to repair a killed node (-> idle again,
 -> a requeued job running).
 
 All nodes share this machine's cores, so per-node CPU work adds up as nodes are added: the speed
@@ -69,6 +70,14 @@ def main():
             if nodes != 2:
                 services.run_operation(services.delete_cluster(cluster=cluster, user=user).pk)
         cluster = Cluster.objects.get(name="h2")
+        spec = json.loads(json.dumps(cluster.spec))
+        spec["node_pools"][1]["scaling_spec"] = {"min_node_count": 3, "max_node_count": 3}
+        started = time.perf_counter()
+        services.run_operation(services.update_cluster(cluster=cluster, spec=spec, user=user).pk)
+        grown = time.perf_counter() - started
+        cluster.refresh_from_db()
+        assert cluster.status == "READY", cluster.status_message
+        print(f"resize 2 -> 3 nodes (new node held, scanned, then in service): {grown:6.1f} s")
         backend = get_backend("local")
         job = backend.submit_batch(cluster, write_job(cluster))
         while (status := backend.job_status(cluster, job)) is None or status.state != "RUNNING":

@@ -23,6 +23,16 @@ from .choices import (
 )
 
 
+def compare_and_set(row, *, expected, **fields):
+    """Write `fields` to the row only while its status is one of `expected` (a status transition that
+    two workers cannot both make); on success the instance shows them too. Returns whether it moved."""
+    moved = type(row).objects.filter(pk=row.pk, status__in=expected).update(**fields)
+    if moved:
+        for name, value in fields.items():
+            setattr(row, name, value)
+    return bool(moved)
+
+
 class ProjectQuerySet(models.QuerySet):
     def for_user(self, user):
         if not user.is_authenticated:
@@ -117,12 +127,9 @@ class Cluster(models.Model):
 
     def set_status(self, new, *, expected, message=""):
         """Compare-and-set: move to `new` only from one of `expected`; returns whether it moved."""
-        moved = Cluster.objects.filter(pk=self.pk, status__in=expected).update(
-            status=new, status_message=message[:500], updated=timezone.now()
+        return compare_and_set(
+            self, expected=expected, status=new, status_message=message[:500], updated=timezone.now()
         )
-        if moved:
-            self.status, self.status_message = new, message[:500]
-        return bool(moved)
 
     def active_operation(self):
         return self.operations.filter(status__in=OperationStatus.active()).order_by("created").first()

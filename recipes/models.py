@@ -7,6 +7,8 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from clusters.models import compare_and_set
+
 
 class RunStatus(models.TextChoices):
     QUEUED = "QUEUED", "Queued"
@@ -76,12 +78,7 @@ class Run(models.Model):
 
     def set_status(self, new, *, expected, **fields):
         """Compare-and-set, like the cluster's; returns whether it moved."""
-        moved = Run.objects.filter(pk=self.pk, status__in=expected).update(status=new, **fields)
-        if moved:
-            self.status = new
-            for key, value in fields.items():
-                setattr(self, key, value)
-        return bool(moved)
+        return compare_and_set(self, expected=expected, status=new, **fields)
 
 
 class ModelVersion(models.Model):
