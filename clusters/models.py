@@ -364,14 +364,20 @@ class HealthResult(models.Model):
     threshold = models.JSONField(default=dict)
     reason = models.CharField(max_length=500, blank=True)
     created = models.DateTimeField(default=timezone.now)
+    # The newest result of its node and check: the health grid and the outstanding failures read only
+    # these (one row per node and check, however long the history), so a 5 s poll stays cheap.
+    latest = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["node", "check_name"]
         constraints = [
             models.UniqueConstraint(fields=["operation", "node", "check_name"], name="unique_result_per_scan")
         ]
-        # The newest result per node and check (the health grid, outstanding failures, node history).
-        indexes = [models.Index(fields=["cluster", "node", "check_name", "id"], name="result_history")]
+        indexes = [
+            # A node's history of a check (the node page).
+            models.Index(fields=["cluster", "node", "check_name", "id"], name="result_history"),
+            models.Index(fields=["cluster"], condition=models.Q(latest=True), name="latest_results"),
+        ]
 
     def __str__(self):
         return f"{self.node} {self.check_name}: {self.status}"

@@ -210,6 +210,23 @@ def test_a_threshold_override_holds_for_its_scan_only(rosa_api, cluster, setting
     plain = rosa_api.post(API + "scans/", {"checks": ["disk"]}, format="json").json()
     results = run(Operation.objects.get(uuid=plain["id"])).health_results.all()
     assert {r.status for r in results} == {"pass"}
+    # The newer scan's results are the latest ones: one per node and check, read by the grid and repairs.
+    latest = HealthResult.objects.filter(cluster=cluster, check_name="disk", latest=True)
+    assert sorted(latest.values_list("node", "status")) == [("cpu-0", "pass"), ("cpu-1", "pass")]
+    assert "disk" not in str(repair.outstanding(cluster))
+
+
+def test_the_migration_marks_the_newest_result_of_each_node_and_check_as_latest(cluster):
+    from importlib import import_module
+
+    from django.apps import apps
+
+    run(start_scan(cluster=cluster, checks=["disk"]))  # the first scan's disk results are older now
+    marked = set(HealthResult.objects.filter(latest=True).values_list("id", flat=True))
+    assert HealthResult.objects.filter(latest=False, check_name="disk").count() == 2
+    HealthResult.objects.update(latest=False)  # results as they were before the flag existed
+    import_module("clusters.migrations.0008_health_result_latest").mark_latest(apps, None)
+    assert set(HealthResult.objects.filter(latest=True).values_list("id", flat=True)) == marked
 
 
 def test_a_due_schedule_starts_one_scan_and_moves_its_next_run(cluster):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Q
+from django.db.models import Q
 
 from ..backends import PermanentBackendError, TransientBackendError, get_backend
 from ..backends.base import Step
@@ -296,21 +296,33 @@ def evaluate(operation):
             if len(others) > len(sums) / 2 and reports[node]["correctness"]["status"] != FAIL:
                 reports[node]["correctness"].update(status=FAIL, reason=f"differs from {', '.join(others)}")
     evaluate_links(reports, limits_for(operation)["interconnect"])
-    HealthResult.objects.filter(operation=operation).delete()  # a rerun of this step records once
-    HealthResult.objects.bulk_create(
-        HealthResult(
-            operation=operation,
-            cluster=operation.cluster,
-            node=node,
-            check_name=name,
-            status=result["status"],
-            values=result.get("values", {}),
-            threshold=result.get("threshold", {}),
-            reason=result.get("reason", "")[:500],
+    record(operation, reports)
+
+
+def record(operation, reports):
+    """Write the scan's results as the newest of their node and check (a rerun of this step records once)."""
+    cluster = operation.cluster
+    with transaction.atomic():
+        HealthResult.objects.filter(operation=operation).delete()
+        for node, results in reports.items():
+            HealthResult.objects.filter(cluster=cluster, node=node, check_name__in=list(results), latest=True).update(
+                latest=False
+            )
+        HealthResult.objects.bulk_create(
+            HealthResult(
+                operation=operation,
+                cluster=cluster,
+                node=node,
+                check_name=name,
+                status=result["status"],
+                values=result.get("values", {}),
+                threshold=result.get("threshold", {}),
+                reason=result.get("reason", "")[:500],
+                latest=True,
+            )
+            for node, results in reports.items()
+            for name, result in results.items()
         )
-        for node, results in reports.items()
-        for name, result in results.items()
-    )
 
 
 def evaluate_links(reports, limits):
@@ -370,13 +382,7 @@ def scans_of(cluster):
 
 def latest_per_check(cluster):
     """{node: {check: HealthResult}}: the newest result of every check on every node of the cluster."""
-    newest = (
-        HealthResult.objects.filter(cluster=cluster)
-        .values("node", "check_name")
-        .annotate(last=Max("id"))
-        .values_list("last", flat=True)
-    )
-    return by_node(HealthResult.objects.filter(id__in=newest).select_related("operation"))
+    return by_node(HealthResult.objects.filter(cluster=cluster, latest=True).select_related("operation"))
 
 
 def by_node(results):
