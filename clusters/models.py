@@ -143,6 +143,10 @@ class Cluster(models.Model):
     def compute_nodes(self):
         return self.wanted_nodes().filter(node_pool__role=NodeRole.COMPUTE)
 
+    def starting_nodes(self):
+        """Compute nodes the running create, resize or replacement is bringing up."""
+        return self.compute_nodes().filter(state=NodeState.PROVISIONING)
+
 
 class NodePool(models.Model):
     """A group of identical machines (the spec's node_pools[]); the login pool is one too."""

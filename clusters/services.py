@@ -404,7 +404,7 @@ def first_scan_steps(operation):
     cluster = operation.cluster
     if not get_backend(cluster.backend).runs_jobs:
         return []
-    new = list(cluster.compute_nodes().filter(state=NodeState.PROVISIONING).values_list("name", flat=True))
+    new = list(cluster.starting_nodes().values_list("name", flat=True))
     if not new:
         return []
     holds.begin(operation, new)
@@ -522,8 +522,8 @@ def end_hold_of_failed(operation):
 
     if operation.kind in (OperationKind.CREATE, OperationKind.DELETE) or "hold" not in operation.params:
         return  # a failed create's cluster is FAILED as a whole (its Slurm may never have started)
+    why, failure = "its operation failed before a scan passed it", operation.params.get("failure")
     try:
-        why, failure = "its operation failed before a scan passed it", operation.params.get("failure")
         drained = end(operation, why, failure=failure)
     except BackendError as exc:
         record_event(

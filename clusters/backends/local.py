@@ -277,9 +277,9 @@ class LocalBackend(Backend):
     def hold(self, cluster, name, nodes):
         """A reservation for root: FLEX lets a scan job asking for it use unheld nodes too (scheduled by
         backfill, hence bf_interval=2 in slurm.conf); IGNORE_JOBS lets it cover a node that has jobs."""
-        conf = self.paths(cluster).conf
-        shown = run_client(conf, "scontrol", "show", "reservation", name, "-o", check=False)
-        held = dict(f.split("=", 1) for f in shown.stdout.split() if "=" in f).get("Nodes")
+        paths = self.paths(cluster)
+        conf = paths.conf
+        held = self.scontrol_fields(paths, "reservation", name).get("Nodes")
         if held:
             expanded = run_client(conf, "scontrol", "show", "hostnames", held).stdout.split()
             nodes = sorted(set(expanded) | set(nodes))
@@ -305,9 +305,13 @@ class LocalBackend(Backend):
         if not processes.wait_for(deleted, timeout=30, interval=0.5):
             raise TransientBackendError(f"Slurm would not end hold {name}: {errors[0]}")
 
-    def node_fields(self, paths, node):
-        result = run_client(paths.conf, "scontrol", "show", "node", node, "-o", check=False)
+    def scontrol_fields(self, paths, kind, name):
+        """`scontrol show <kind> <name> -o` as a dict of its Key=Value fields ({} when Slurm knows none)."""
+        result = run_client(paths.conf, "scontrol", "show", kind, name, "-o", check=False)
         return dict(f.split("=", 1) for f in result.stdout.split() if "=" in f)
+
+    def node_fields(self, paths, node):
+        return self.scontrol_fields(paths, "node", node)
 
     def slurmd_start_time(self, paths, node):
         """When the node's current slurmd registered (scontrol's SlurmdStartTime), or "None"."""

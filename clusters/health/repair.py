@@ -215,8 +215,7 @@ def replace(cluster, name, operation=None):
         Node.objects.filter(pk=old.pk).update(state=NodeState.DELETING)
     hold = None
     if operation is not None:
-        new = pool.nodes.filter(state=NodeState.PROVISIONING).values_list("name", flat=True)
-        hold = holds.begin(operation, list(new))
+        hold = holds.begin(operation, list(cluster.starting_nodes().values_list("name", flat=True)))
     for step in get_backend(cluster.backend).apply_steps(cluster, hold=hold):
         step.run()
     cluster.nodes.filter(state=NodeState.DELETING).delete()

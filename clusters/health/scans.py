@@ -304,8 +304,12 @@ def record(operation, reports):
     cluster = operation.cluster
     with transaction.atomic():
         HealthResult.objects.filter(operation=operation).delete()
+        # One update per set of checks reported (usually one set for every node), not one per node.
+        by_checks = {}
         for node, results in reports.items():
-            HealthResult.objects.filter(cluster=cluster, node=node, check_name__in=list(results), latest=True).update(
+            by_checks.setdefault(frozenset(results), []).append(node)
+        for checks, nodes in by_checks.items():
+            HealthResult.objects.filter(cluster=cluster, node__in=nodes, check_name__in=checks, latest=True).update(
                 latest=False
             )
         HealthResult.objects.bulk_create(
