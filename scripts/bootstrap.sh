@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(redis-server slurmctld slurmd slurm-client slurmrestd munge chromium)
+mapfile -t APT_PACKAGES < <(grep -v '^\s*\(#\|$\)' scripts/apt-packages.txt)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -42,3 +42,6 @@ if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
   for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 fi
 redis-cli -p "$REDIS_PORT" ping >/dev/null
+
+# Fail here, in one line, rather than later behind a daemon's timeout.
+.venv/bin/python -m clusters.backends.local.preflight

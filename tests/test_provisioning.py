@@ -3,10 +3,12 @@
 One cluster story per test keeps the daemons few: create, run a 2-node job, grow, shrink, delete.
 """
 
+from pathlib import Path
+
 import pytest
+from django.conf import settings
 
 from clusters.backends import get_backend, processes
-from clusters.backends.slurm import run_client
 from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Cluster, Operation
 
@@ -51,13 +53,12 @@ def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, sl
     assert cluster.status == ClusterStatus.READY
     assert idle_nodes(cluster) == ["cpu-0", "cpu-1"]
 
-    # A two-node batch job runs one task on each node.
+    # A two-node batch job runs one task on each node; with no --output, its output lands in the
+    # cluster's home (where the console submits from), never in the console's own checkout.
     paths = get_backend("local").paths(cluster)
     script = paths.jobs / "hello.sh"
-    script.write_text(
-        f"#!/bin/bash\n#SBATCH -N 2\n#SBATCH -o {paths.jobs}/hello-%j.out\nsrun bash -c 'echo $SLURMD_NODENAME'\n"
-    )
-    job_id = int(run_client(paths.conf, "sbatch", "--parsable", str(script)).stdout.strip())
+    script.write_text("#!/bin/bash\n#SBATCH -N 2\nsrun bash -c 'echo $SLURMD_NODENAME'\n")
+    job_id = get_backend("local").submit_batch(cluster, script)
 
     def completed():
         jobs = {j.job_id: j for j in get_backend("local").jobs(cluster)}
@@ -66,7 +67,8 @@ def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, sl
     job = wait_until(completed, timeout=60, message=f"job {job_id} to complete")
     assert job.exit_code == 0
     assert job.node_count == 2
-    assert sorted((paths.jobs / f"hello-{job_id}.out").read_text().split()) == ["cpu-0", "cpu-1"]
+    assert sorted((paths.jobs / f"slurm-{job_id}.out").read_text().split()) == ["cpu-0", "cpu-1"]
+    assert not list(Path(settings.BASE_DIR).glob("slurm-*.out"))
 
     # The page's node fragment shows Slurm's live state.
     client.force_login(alice)

@@ -101,11 +101,13 @@ def stop(pids, timeout=15.0):
                 os.kill(pid, signal.SIGKILL)
 
 
-def start_daemon(argv, env=None, timeout=60):
-    """Run a daemon that forks into the background; it gets its own session so it outlives the worker."""
+def start_daemon(argv, env=None, timeout=60, cwd="/"):
+    """Run a daemon that forks into the background; it gets its own session so it outlives the worker,
+    and its own working directory (by default /), never the worker's checkout."""
     result = subprocess.run(
         argv,
         env=env,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,

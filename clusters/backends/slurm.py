@@ -2,16 +2,27 @@
 
 import json
 import subprocess
+from pathlib import Path
 
 from .base import JobStatus, NodeStatus, TransientBackendError
 from .processes import program
 
 
-def run_client(conf, *args, timeout=20, check=True):
-    """Run a Slurm client command (sinfo, squeue, scontrol, sbatch) against the cluster's slurm.conf."""
+def run_client(conf, *args, timeout=20, check=True, cwd=None):
+    """Run a Slurm client command (sinfo, squeue, scontrol, sbatch) against the cluster's slurm.conf.
+
+    It runs in `cwd` (default: the folder of slurm.conf), never in the worker's own directory: a job
+    submitted without --output writes slurm-<id>.out where it was submitted from."""
     env = {"SLURM_CONF": str(conf), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
     try:
-        result = subprocess.run([program(args[0]), *args[1:]], env=env, capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            [program(args[0]), *args[1:]],
+            env=env,
+            cwd=cwd or Path(conf).parent,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         raise TransientBackendError(f"{args[0]} did not answer within {timeout} s") from None
     if check and result.returncode != 0:

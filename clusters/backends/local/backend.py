@@ -22,12 +22,13 @@ from pathlib import Path
 
 from django.conf import settings
 
-from ..choices import ClusterStatus, NodeRole, NodeState
-from ..spec import pool_node_count
-from ..spec.catalog import machine_type_info
-from . import processes
-from .base import Backend, NodeShape, PermanentBackendError, Step, TransientBackendError
-from .slurm import parse_sinfo, parse_squeue, run_client
+from ...choices import ClusterStatus, NodeRole, NodeState
+from ...spec import pool_node_count
+from ...spec.catalog import machine_type_info
+from .. import processes
+from ..base import Backend, NodeShape, PermanentBackendError, Step, TransientBackendError
+from ..slurm import parse_sinfo, parse_squeue, run_client
+from . import preflight
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,8 @@ class LocalBackend(Backend):
         return self.paths(cluster).jobs
 
     def submit_batch(self, cluster, script_path):
-        result = run_client(self.paths(cluster).conf, "sbatch", "--parsable", str(script_path), timeout=30)
+        paths = self.paths(cluster)
+        result = run_client(paths.conf, "sbatch", "--parsable", str(script_path), timeout=30, cwd=paths.jobs)
         return int(result.stdout.strip().split(";")[0])
 
     def cancel_job(self, cluster, job_id):
@@ -346,6 +348,9 @@ class LocalBackend(Backend):
         return {"SLURM_CONF": str(self.paths(cluster).conf)}
 
     def prepare(self, paths):
+        missing = preflight.problem()
+        if missing:
+            raise PermanentBackendError(missing)
         for folder in (paths.root, paths.munge_dir, paths.state, paths.spool, paths.logs, paths.jobs):
             folder.mkdir(parents=True, exist_ok=True)
         paths.munge_dir.chmod(0o755)
@@ -418,7 +423,7 @@ exit 0
         self.save_state(cluster, ports=ports)
 
     def ports_in_use(self):
-        from ..models import Cluster
+        from ...models import Cluster
 
         used = set()
         for state in (
@@ -563,6 +568,7 @@ exit 0
             stderr=log,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            cwd=paths.root,
         )
         if not processes.wait_for(lambda: not port_is_free(port), timeout=15):
             raise TransientBackendError(f"slurmrestd did not start; see {paths.logs / 'slurmrestd.log'}")
