@@ -18,6 +18,7 @@ from django.core.management import call_command  # noqa: E402
 
 from clusters import services  # noqa: E402
 from clusters.models import Cluster, Project  # noqa: E402
+from clusters.operations import engine  # noqa: E402
 from clusters.spec.reference import build_spec  # noqa: E402
 from tests.fake_compute import FakeGoogleCloud  # noqa: E402
 
@@ -46,7 +47,7 @@ def measure(fake, action):
     fake.reset_calls()
     started = time.perf_counter()
     operation = action()
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     elapsed = time.perf_counter() - started
     operation.refresh_from_db()
     assert operation.status == "SUCCEEDED", operation.error

@@ -28,6 +28,7 @@ from clusters.backends import get_backend  # noqa: E402
 from clusters.health import COLLECTIVE, load_checks, repair  # noqa: E402
 from clusters.health.scans import start_scan  # noqa: E402
 from clusters.models import Cluster, Project  # noqa: E402
+from clusters.operations import engine  # noqa: E402
 
 
 def make_cluster(project, user, nodes):
@@ -35,7 +36,7 @@ def make_cluster(project, user, nodes):
     spec["node_pools"][1]["scaling_spec"] = {"min_node_count": nodes, "max_node_count": nodes}
     started = time.perf_counter()
     operation = services.create_cluster(project=project, name=f"h{nodes}", spec=spec, user=user)
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     cluster = Cluster.objects.get(pk=operation.cluster_id)
     assert cluster.status == "READY", cluster.status_message
     return cluster, time.perf_counter() - started
@@ -44,7 +45,7 @@ def make_cluster(project, user, nodes):
 def timed_scan(cluster, checks):
     operation = start_scan(cluster=cluster, checks=checks)
     started = time.perf_counter()
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == "SUCCEEDED", operation.error
     return time.perf_counter() - started
@@ -68,12 +69,12 @@ def main():
             links = timed_scan(cluster, ["interconnect"])
             print(f"{nodes:>5} | {full:>20.2f} | {own:>19.2f} | {light:>20.2f} | {links:>21.2f} | {ready:>18.2f}")
             if nodes != 2:
-                services.run_operation(services.delete_cluster(cluster=cluster, user=user).pk)
+                engine.run(services.delete_cluster(cluster=cluster, user=user).pk)
         cluster = Cluster.objects.get(name="h2")
         spec = json.loads(json.dumps(cluster.spec))
         spec["node_pools"][1]["scaling_spec"] = {"min_node_count": 3, "max_node_count": 3}
         started = time.perf_counter()
-        services.run_operation(services.update_cluster(cluster=cluster, spec=spec, user=user).pk)
+        engine.run(services.update_cluster(cluster=cluster, spec=spec, user=user).pk)
         grown = time.perf_counter() - started
         cluster.refresh_from_db()
         assert cluster.status == "READY", cluster.status_message
@@ -90,7 +91,7 @@ def main():
             cluster.refresh_from_db()
             operation = repair.watch(cluster)
         detected = time.perf_counter() - killed
-        services.run_operation(operation.pk)
+        engine.run(operation.pk)
         idle = time.perf_counter() - killed
         while backend.job_status(cluster, job).state != "RUNNING":
             time.sleep(0.2)
@@ -99,7 +100,7 @@ def main():
         print(f"slurmd killed -> node repaired and idle:        {idle:6.1f} s")
         print(f"slurmd killed -> requeued job running again:    {running:6.1f} s")
         backend.cancel_job(cluster, job)
-        services.run_operation(services.delete_cluster(cluster=cluster, user=user).pk)
+        engine.run(services.delete_cluster(cluster=cluster, user=user).pk)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
 

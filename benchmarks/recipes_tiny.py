@@ -21,6 +21,7 @@ from django.core.management import call_command  # noqa: E402
 
 from clusters import services as cluster_services  # noqa: E402
 from clusters.models import Cluster, Project  # noqa: E402
+from clusters.operations import engine  # noqa: E402
 from recipes import services  # noqa: E402
 from recipes.models import RunStatus  # noqa: E402
 
@@ -47,7 +48,7 @@ def main(steps):
     project.members.add(user)
     spec = json.loads((ROOT / "examples" / "cluster-local-cpu.json").read_text())
     operation = cluster_services.create_cluster(project=project, name="bench", spec=spec, user=user)
-    cluster_services.run_operation(operation.pk)
+    engine.run(operation.pk)
     cluster = Cluster.objects.get(pk=operation.cluster_id)
     results = {}
     try:
@@ -71,16 +72,15 @@ def main(steps):
         config = json.loads((Path(run.work_dir) / "config.json").read_text())
         config["steps"] += 1
         (Path(run.work_dir) / "config.json").write_text(json.dumps(config))
-        get_backend = cluster_services.get_backend
-        job = get_backend("local").submit_batch(cluster, Path(run.work_dir) / "job.sbatch")
+        job = cluster_services.submit_batch(cluster, Path(run.work_dir) / "job.sbatch")
         deadline = time.monotonic() + 300
         while not any(e["event"] == "resumed" for e in read(run, "events.jsonl")) and time.monotonic() < deadline:
             time.sleep(0.5)
         load = next(e["seconds"] for e in read(run, "events.jsonl") if e["event"] == "resumed")
-        while get_backend("local").job_status(cluster, job) and time.monotonic() < deadline:
+        while cluster_services.job_status(cluster, job) and time.monotonic() < deadline:
             time.sleep(0.5)
     finally:
-        cluster_services.run_operation(cluster_services.delete_cluster(cluster=cluster, user=user).pk)
+        engine.run(cluster_services.delete_cluster(cluster=cluster, user=user).pk)
         shutil.rmtree(WORK, ignore_errors=True)
     one, two = results[1]["tokens_per_s"], results[2]["tokens_per_s"]
     print(f"tiny Llama pretraining, {steps} steps, gloo on CPU, one task per node")

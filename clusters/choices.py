@@ -107,21 +107,6 @@ NODE_STATE_COLOURS = {
     NodeState.DELETING: "grey",
 }
 
-# Slurm base states (sinfo --json "state") and the colour a table shows them in.
-SLURM_STATE_COLOURS = {
-    "idle": "green",
-    "mixed": "green",
-    "allocated": "blue",
-    "completing": "blue",
-    "down": "red",
-    "drain": "amber",
-    "drained": "amber",
-    "draining": "amber",
-    "fail": "red",
-    "future": "grey",
-    "unknown": "grey",
-}
-
 
 class NodeRole(models.TextChoices):
     LOGIN = "LOGIN", "Login"

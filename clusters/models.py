@@ -1,6 +1,8 @@
 """Projects, clusters, their node pools, partitions and nodes, operations and the event timeline."""
 
 import uuid
+from collections.abc import Mapping
+from functools import cached_property
 
 from django.conf import settings
 from django.db import models
@@ -13,14 +15,13 @@ from .choices import (
     EVENT_LEVEL_COLOURS,
     NODE_STATE_COLOURS,
     OPERATION_STATUS_COLOURS,
-    SLURM_STATE_COLOURS,
     ClusterStatus,
     EventLevel,
     NodeRole,
     NodeState,
-    OperationKind,
     OperationStatus,
 )
+from .slurm.states import node_colour
 
 
 def compare_and_set(row, *, expected, **fields):
@@ -213,8 +214,7 @@ class Node(models.Model):
 
     @property
     def slurm_colour(self):
-        base = self.slurm_state.split("+")[0].lower()
-        return SLURM_STATE_COLOURS.get(base, "grey")
+        return node_colour(self.slurm_state)
 
     @property
     def partition_names(self):
@@ -222,19 +222,27 @@ class Node(models.Model):
 
 
 class Operation(models.Model):
-    """A create, update, delete or scan: created before it is enqueued, then worked by one task."""
+    """One piece of work on a cluster (a create, resize, delete, scan, repair...): created before it is
+    enqueued, then worked by one task at a time (see clusters.operations).
+
+    `params` is what it was asked to do, written once at start and never changed; what its steps
+    record as they go (a submitted job id, the nodes a hold covers, the steps done) is its
+    `checkpoint`, one key at a time."""
 
     uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     cluster = models.ForeignKey(Cluster, models.CASCADE, related_name="operations")
-    kind = models.CharField(max_length=8, choices=OperationKind.choices)
+    # A kind registered with the operations engine (clusters.operations.registry), e.g. "CREATE".
+    kind = models.CharField(max_length=32)
     status = models.CharField(max_length=10, choices=OperationStatus.choices, default=OperationStatus.PENDING)
     progress = models.PositiveSmallIntegerField(default=0)
     step = models.CharField(max_length=200, blank=True)
     # [{"at": iso time, "step": name, "message": text}], appended as steps finish.
     log = models.JSONField(default=list, blank=True)
     error = models.TextField(blank=True)
-    # What the operation is asked to do, e.g. the previous spec of an update.
+    # What the operation is asked to do, e.g. the previous spec of an update; immutable.
     params = models.JSONField(default=dict, blank=True)
+    # Which claim this is (1 for the first worker, 2 for the one that resumed it, ...): a worker only
+    # writes to the operation while its claim is the current one.
     attempts = models.PositiveIntegerField(default=0)
     heartbeat = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True)
@@ -244,9 +252,18 @@ class Operation(models.Model):
 
     class Meta:
         ordering = ["-created"]
+        constraints = [
+            # One operation at a time per cluster, decided by the database: a resize or delete during a
+            # scan (or two requests racing) cannot both insert an active row.
+            models.UniqueConstraint(
+                fields=["cluster"],
+                condition=Q(status__in=["PENDING", "RUNNING"]),
+                name="one_active_operation_per_cluster",
+            )
+        ]
 
     def __str__(self):
-        return f"{self.get_kind_display()} {self.cluster} ({self.status})"
+        return f"{self.kind.lower()} {self.cluster} ({self.status})"
 
     @property
     def is_done(self):
@@ -255,6 +272,14 @@ class Operation(models.Model):
     @property
     def status_colour(self):
         return OPERATION_STATUS_COLOURS[self.status]
+
+    @cached_property
+    def checkpoint(self):
+        return Checkpoint(self)
+
+    def refresh_from_db(self, *args, **kwargs):
+        super().refresh_from_db(*args, **kwargs)
+        self.__dict__.pop("checkpoint", None)
 
     def claim(self, stale_before):
         """Compare-and-set: take a pending operation, or a running one whose worker went silent."""
@@ -272,20 +297,38 @@ class Operation(models.Model):
             self.refresh_from_db()
         return bool(claimed)
 
-    def report(self, *, progress, step, message=""):
-        """Record progress and prove the worker is alive; appends to the step log when given a message."""
-        now = timezone.now()
-        self.progress, self.step, self.heartbeat = progress, step[:200], now
-        fields = ["progress", "step", "heartbeat"]
-        if message:
-            self.log = [*self.log, {"at": now.isoformat(), "step": step, "message": message}]
-            fields.append("log")
-        Operation.objects.filter(pk=self.pk, status=OperationStatus.RUNNING).update(
-            **{f: getattr(self, f) for f in fields}
-        )
+    def _mine(self, attempt):
+        """This operation's row while it is running under claim `attempt`."""
+        return Operation.objects.filter(pk=self.pk, status=OperationStatus.RUNNING, attempts=attempt)
 
-    def finish(self, status, *, error=""):
-        moved = Operation.objects.filter(pk=self.pk, status__in=OperationStatus.active()).update(
+    def beat(self, *, attempt, step):
+        """Prove the worker holding claim `attempt` is alive; False when another worker took it over."""
+        now = timezone.now()
+        moved = self._mine(attempt).update(heartbeat=now, step=step[:200])
+        if moved:
+            self.heartbeat, self.step = now, step[:200]
+        return bool(moved)
+
+    def report(self, *, attempt, progress, step, message=""):
+        """Record progress (and a heartbeat); appends to the step log when given a message. False when
+        another worker took the operation over."""
+        now = timezone.now()
+        fields = {"progress": progress, "step": step[:200], "heartbeat": now}
+        if message:
+            fields["log"] = [*self.log, {"at": now.isoformat(), "step": step, "message": message}]
+        moved = self._mine(attempt).update(**fields)
+        if moved:
+            for key, value in fields.items():
+                setattr(self, key, value)
+        return bool(moved)
+
+    def finish(self, status, *, error="", attempt=None):
+        """Compare-and-set to SUCCEEDED or FAILED from an active status (and, with `attempt`, only under
+        that claim); returns whether it moved."""
+        rows = Operation.objects.filter(pk=self.pk, status__in=OperationStatus.active())
+        if attempt is not None:
+            rows = rows.filter(attempts=attempt)
+        moved = rows.update(
             status=status,
             error=error,
             progress=100 if status == OperationStatus.SUCCEEDED else F("progress"),
@@ -295,12 +338,54 @@ class Operation(models.Model):
         self.refresh_from_db()
         return bool(moved)
 
-    def release(self, message):
+    def release(self, message, *, attempt):
         """Hand a running operation back to PENDING so a retry can claim it."""
         self.log = [*self.log, {"at": timezone.now().isoformat(), "step": self.step, "message": message}]
-        Operation.objects.filter(pk=self.pk, status=OperationStatus.RUNNING).update(
-            status=OperationStatus.PENDING, log=self.log
-        )
+        self._mine(attempt).update(status=OperationStatus.PENDING, log=self.log)
+
+
+class OperationCheckpoint(models.Model):
+    """One key of what an operation's steps recorded (a submitted job id, held nodes, steps done), so a
+    rerun after a crash resumes instead of redoing; written one key at a time."""
+
+    operation = models.ForeignKey(Operation, models.CASCADE, related_name="checkpoints")
+    key = models.CharField(max_length=64)
+    value = models.JSONField(null=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["operation", "key"], name="one_value_per_checkpoint_key")]
+
+    def __str__(self):
+        return f"{self.operation_id}:{self.key}"
+
+
+class Checkpoint(Mapping):
+    """An operation's checkpoint as a read-only mapping, with `set(key, value)` to record one key."""
+
+    def __init__(self, operation):
+        self._operation = operation
+        self._values = None
+
+    def _loaded(self):
+        if self._values is None:
+            # .all(), not values_list(): a list of operations can prefetch_related("checkpoints").
+            self._values = {row.key: row.value for row in self._operation.checkpoints.all()}
+        return self._values
+
+    def __getitem__(self, key):
+        return self._loaded()[key]
+
+    def __iter__(self):
+        return iter(self._loaded())
+
+    def __len__(self):
+        return len(self._loaded())
+
+    def set(self, key, value):
+        OperationCheckpoint.objects.update_or_create(operation=self._operation, key=key, defaults={"value": value})
+        self._loaded()[key] = value
+        return value
 
 
 class ClusterEvent(models.Model):

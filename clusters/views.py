@@ -9,31 +9,28 @@ from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from console import safejson
+from console import access, safejson
+from console.charts import line_chart
+from console.errors import ConsoleError, FieldErrors, page_message
 from console.htmx import render_fragment
 
 from . import services
-from .backends import get_backend
-from .choices import CLUSTER_STATUS_COLOURS, ClusterStatus, NodeRole
-from .health.scans import scannable
-from .models import Cluster, Project
-from .spec import SpecError
+from .choices import CLUSTER_STATUS_COLOURS, ClusterStatus
+from .health import load_checks
+from .health.scans import by_node, grid_rows, latest_results, repairs_of, scannable, scans_of, start_scan
+from .health.schedule import schedule_for, update_schedule
+from .models import HealthResult
 
 EXAMPLE_SPEC = Path(settings.BASE_DIR) / "examples" / "cluster-local-cpu.json"
 
 
 def cluster_for(request, project, name):
     """A live cluster of one of the user's projects, or 404 (outsiders cannot tell it exists)."""
-    return get_object_or_404(
-        Cluster.objects.live().select_related("project"),
-        project__in=Project.objects.for_user(request.user),
-        project__slug=project,
-        name=name,
-    )
+    return access.cluster(request.user, project, name)
 
 
 def cluster_new(request):
-    projects = Project.objects.for_user(request.user)
+    projects = access.projects(request.user)
     form = {
         "project": request.GET.get("project", ""),
         "cluster_id": "",
@@ -56,9 +53,9 @@ def cluster_new(request):
                 operation = services.create_cluster(
                     project=project, name=form["cluster_id"], spec=spec, user=request.user
                 )
-            except SpecError as exc:
+            except FieldErrors as exc:
                 errors = exc.errors
-            except services.ConsoleError as exc:
+            except ConsoleError as exc:
                 errors["cluster_id"] = [exc.message]
             else:
                 messages.success(request, f"Creating cluster {operation.cluster.name}.")
@@ -72,17 +69,12 @@ def cluster_detail(request, project, name):
     cluster = cluster_for(request, project, name)
     if cluster.status == ClusterStatus.DRAFT:
         return redirect("wizard-review", cluster.project.slug, cluster.name)
-    backend = get_backend(cluster.backend)
-    pools = []
-    for pool in cluster.node_pools.prefetch_related("partitions"):
-        shape = backend.node_shape(cluster, pool) if pool.role == NodeRole.COMPUTE else None
-        pools.append({"pool": pool, "shape": shape})
     context = {
         "cluster": cluster,
-        "backend": backend,
-        "pools": pools,
+        "backend_label": services.backend_label(cluster),
+        "pools": [{"pool": pool, "shape": shape} for pool, shape in services.node_shapes(cluster)],
         "operation": cluster.latest_operation(),
-        "client_env": getattr(backend, "client_env", lambda c: {})(cluster),
+        "login_env": services.login_env(cluster),
         "scannable": scannable(cluster),
         "schedule": schedule_context(cluster) if cluster.status != ClusterStatus.DELETED else None,
     }
@@ -136,9 +128,9 @@ def cluster_resize(request, project, name):
     pool["scaling_spec"] = {"min_node_count": count, "max_node_count": count}
     try:
         services.update_cluster(cluster=cluster, spec=spec, user=request.user)
-    except SpecError as exc:
-        messages.error(request, "; ".join(f"{path}: {', '.join(msgs)}" for path, msgs in exc.errors.items()))
-    except services.ConsoleError as exc:
+    except FieldErrors as exc:
+        messages.error(request, str(exc))  # each reason with its field path
+    except ConsoleError as exc:
         messages.error(request, exc.message)
     else:
         messages.success(request, f"Resizing {pool_id} to {count} nodes.")
@@ -153,7 +145,7 @@ def cluster_delete(request, project, name):
         return redirect(cluster)
     try:
         services.delete_cluster(cluster=cluster, user=request.user)
-    except services.ConsoleError as exc:
+    except ConsoleError as exc:
         messages.error(request, exc.message)
     else:
         messages.success(request, f"Deleting cluster {cluster.name}.")
@@ -169,8 +161,6 @@ def status_counts(clusters):
 
 def cluster_health(request, project, name):
     """The newest result of every check on every node, recent scans and the schedule (polled)."""
-    from .health.scans import grid_rows, latest_results, scans_of
-
     cluster = cluster_for(request, project, name)
     scan, grid = latest_results(cluster)
     failing_only = request.GET.get("failing") == "1"
@@ -189,15 +179,11 @@ def cluster_health(request, project, name):
 
 @require_POST
 def cluster_scan(request, project, name):
-    from .health.scans import ScanError, start_scan
-
     cluster = cluster_for(request, project, name)
     try:
         operation = start_scan(cluster=cluster, checks=request.POST.getlist("checks") or None, user=request.user)
-    except ScanError as exc:
-        messages.error(request, "; ".join(m for msgs in exc.errors.values() for m in msgs))
-    except services.ConsoleError as exc:
-        messages.error(request, exc.message)
+    except ConsoleError as exc:
+        messages.error(request, page_message(exc))
     else:
         messages.success(request, "Health scan started.")
         return redirect("scan-detail", cluster.project.slug, cluster.name, operation.uuid)
@@ -205,8 +191,6 @@ def cluster_scan(request, project, name):
 
 
 def scan_for(cluster, uuid):
-    from .health.scans import scans_of
-
     return get_object_or_404(scans_of(cluster), uuid=uuid)
 
 
@@ -223,8 +207,6 @@ def scan_progress(request, project, name, scan):
 
 
 def scan_context(cluster, operation):
-    from .health.scans import by_node, grid_rows
-
     checks, rows = grid_rows(by_node(operation.health_results.all()))
     current = set(cluster.wanted_nodes().values_list("name", flat=True))
     return {"cluster": cluster, "operation": operation, "checks": checks, "rows": rows, "current": current}
@@ -233,11 +215,6 @@ def scan_context(cluster, operation):
 def node_detail(request, project, name, node):
     """One node: what Slurm says of it, each check's history (charted where it is a number), its
     repairs and its events."""
-    from recipes.charts import line_chart
-
-    from .health.scans import repairs_of
-    from .models import HealthResult
-
     cluster = cluster_for(request, project, name)
     node = get_object_or_404(cluster.nodes.select_related("node_pool"), name=node)
     services.refresh_nodes(cluster)
@@ -267,9 +244,6 @@ def node_detail(request, project, name, node):
 @require_POST
 def health_schedule(request, project, name):
     """Edit the periodic scan (an htmx form: the fragment comes back with field errors, values kept)."""
-    from .health.scans import ScanError
-    from .health.schedule import update_schedule
-
     cluster = cluster_for(request, project, name)
     form = {
         "enabled": request.POST.get("enabled") == "on",
@@ -287,16 +261,13 @@ def health_schedule(request, project, name):
         try:
             update_schedule(cluster, data)
             saved = True
-        except ScanError as exc:
+        except FieldErrors as exc:
             errors = {("every_hours" if k == "every_minutes" else k): v for k, v in exc.errors.items()}
     context = schedule_context(cluster, form) | {"errors": errors, "saved": saved}
     return render(request, "clusters/partials/schedule.html", context, status=400 if errors else 200)
 
 
 def schedule_context(cluster, form=None):
-    from .health import load_checks
-    from .health.schedule import schedule_for
-
     schedule = schedule_for(cluster)
     form = form or {
         "enabled": schedule.enabled,

@@ -4,34 +4,26 @@ import json
 
 from django.contrib import messages
 from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from console import safejson
+from console import access, safejson
+from console.errors import Conflict, ConsoleError, FieldErrors
 from console.htmx import htmx_partial
 
 from . import services, wizard
-from .backends import all_backends, get_backend
 from .choices import ClusterStatus
-from .models import Cluster, Project
-from .spec import SpecError
+from .models import Cluster
 from .spec.catalog import REGIONS, ZONES, machine_type_names
 from .spec.console_block import MTUS, storage_tiers
 from .spec.plan import cost, quota
 from .spec.reference import architectures, build_spec
 from .spec.validator import BOOT_DISK_TYPES, PREEMPT_TYPES, PRIORITY_TYPES, PROVISIONING_MODELS
-from .views import cluster_for
 
 
 def draft_for(request, project, name):
-    return get_object_or_404(
-        Cluster.objects.select_related("project"),
-        project__in=Project.objects.for_user(request.user),
-        project__slug=project,
-        name=name,
-        status=ClusterStatus.DRAFT,
-    )
+    return access.draft(request.user, project, name)
 
 
 def step_url(cluster, step):
@@ -48,19 +40,19 @@ def validation_errors(cluster):
     """Every error in the draft, the cluster id among them (empty when it would be accepted)."""
     try:
         services.validate_request(cluster.name, cluster.spec)
-    except SpecError as exc:
+    except FieldErrors as exc:
         return exc.errors
     return {}
 
 
 def start_context(request, form=None, errors=None):
     return {
-        "projects": Project.objects.for_user(request.user),
-        "drafts": Cluster.objects.for_user(request.user).filter(status=ClusterStatus.DRAFT).select_related("project"),
+        "projects": access.projects(request.user),
+        "drafts": access.clusters(request.user).filter(status=ClusterStatus.DRAFT),
         "architectures": architectures().values(),
         "zones": zone_choices(),
         "models": PROVISIONING_MODELS,
-        "backends": all_backends(),
+        "backends": services.backend_choices(),
         "errors": errors or {},
         "form": form or {"zone": "us-central1-a", "nodes": 2, "model": "ON_DEMAND", "arch": "cpu"},
     }
@@ -75,7 +67,7 @@ def start_error(request, form, errors):
 
 
 def chosen_project(request):
-    return Project.objects.for_user(request.user).filter(slug=request.POST.get("project", "")).first()
+    return access.projects(request.user).filter(slug=request.POST.get("project", "")).first()
 
 
 @require_POST
@@ -111,9 +103,9 @@ def wizard_reference(request):
 def start_draft(request, form, project, spec, first_step):
     try:
         cluster = services.create_draft(project=project, name=form["cluster_id"], spec=spec, user=request.user)
-    except SpecError as exc:
+    except FieldErrors as exc:
         return start_error(request, form, exc.errors)
-    except services.ConsoleError as exc:
+    except ConsoleError as exc:
         return start_error(request, form, {"cluster_id": [exc.message]})
     return redirect(step_url(cluster, first_step))
 
@@ -163,10 +155,10 @@ def wizard_step(request, project, name, step):
         name_error = {}
         try:
             services.save_draft(cluster, spec, name=new_name)
-        except SpecError as exc:  # a taken or bad id: keep the rest, report the id
+        except FieldErrors as exc:  # a taken or bad id: keep the rest, report the id
             services.save_draft(cluster, spec)
             name_error = exc.errors
-        except services.Conflict as exc:
+        except Conflict as exc:
             messages.error(request, exc.message)
             return redirect(cluster)
         errors = {**validation_errors(cluster), **name_error}
@@ -212,7 +204,7 @@ def render_step(request, cluster, step, routed=None, status=200):
         "spec": spec,
         "zone": wizard.zone_of(spec),
         "zones": zone_choices(),
-        "backends": all_backends(),
+        "backends": services.backend_choices(),
         "machine_types": machine_type_names(),
         "models": PROVISIONING_MODELS,
         "disk_types": BOOT_DISK_TYPES,
@@ -239,9 +231,9 @@ def wizard_review(request, project, name):
     if request.method == "POST":
         try:
             operation = services.submit_draft(cluster=cluster, user=request.user)
-        except SpecError:
+        except FieldErrors:
             pass  # shown below, with links to the steps that own each error
-        except services.ConsoleError as exc:
+        except ConsoleError as exc:
             messages.error(request, exc.message)
         else:
             messages.success(request, f"Creating cluster {cluster.name}.")
@@ -261,8 +253,8 @@ def wizard_review(request, project, name):
     if not errors:
         lines, total = cost(cluster.spec)
         context.update(
-            backend=get_backend(cluster.backend),
-            plan=get_backend(cluster.backend).plan(cluster.project, cluster.name, cluster.spec),
+            backend_label=services.backend_label(cluster),
+            plan=services.plan(cluster),
             cost_lines=lines,
             cost_total=total,
             quota=quota(cluster.project, cluster.spec, exclude=cluster),
@@ -276,9 +268,7 @@ def wizard_review(request, project, name):
 
 def cluster_spec_json(request, project, name):
     """Export a cluster's spec (drafts too) as the JSON the API takes."""
-    cluster = get_object_or_404(
-        Cluster.objects.live(), project__in=Project.objects.for_user(request.user), project__slug=project, name=name
-    )
+    cluster = access.cluster(request.user, project, name)
     response = HttpResponse(json.dumps(cluster.spec, indent=2) + "\n", content_type="application/json")
     if request.GET.get("download"):
         response["Content-Disposition"] = f'attachment; filename="{cluster.name}.json"'
@@ -287,7 +277,7 @@ def cluster_spec_json(request, project, name):
 
 @require_POST
 def cluster_duplicate(request, project, name):
-    cluster = cluster_for(request, project, name)
+    cluster = access.cluster(request.user, project, name)
     taken = set(Cluster.objects.live().filter(project=cluster.project).values_list("name", flat=True))
     new_name = next(
         n for n in (f"{cluster.name}-copy", *(f"{cluster.name}-copy{i}" for i in range(2, 1000))) if n not in taken

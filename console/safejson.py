@@ -6,6 +6,8 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
+from .errors import ConsoleError
+
 
 class JSONTooLarge(ValueError):
     pass
@@ -58,11 +60,15 @@ class SafeJSONParser(JSONParser):
 
 
 def api_exception_handler(exc, context):
-    """DRF's handler, plus a clear answer for bodies over Django's upload limit (not a bare 400 page)."""
+    """/api/v1's one mapping of errors: a ConsoleError answers with its own status and body (field
+    errors keyed by path, else {"detail"}), a body over Django's upload limit gets a clear 413, and
+    everything else is DRF's."""
     from django.core.exceptions import RequestDataTooBig
     from rest_framework.response import Response
     from rest_framework.views import exception_handler
 
+    if isinstance(exc, ConsoleError):
+        return Response(exc.body(), status=exc.http_status)
     if isinstance(exc, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return Response({"detail": f"Request body refused: it is larger than {limit:,} bytes."}, status=413)

@@ -18,6 +18,7 @@ urlpatterns = [
     path("clusters/<slug:project>/<slug:name>/tensorboard/<path:path>", recipes_views.tensorboard_proxy),
     path("clusters/", include("clusters.urls")),
     path("api/v1/", include("clusters.api.urls")),
+    path("api/v1/", include("recipes.api.urls")),
     path("v1beta1/", include("clusters.api.compat_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -4,15 +4,15 @@ from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from clusters.models import Cluster, Project
 from clusters.views import status_counts
 
+from . import access
 from .models import APIToken
 
 
 def dashboard(request):
-    projects = Project.objects.for_user(request.user).prefetch_related("clusters")
-    clusters = list(Cluster.objects.for_user(request.user).live().select_related("project"))
+    projects = access.projects(request.user).prefetch_related("clusters")
+    clusters = list(access.clusters(request.user))
     context = {"projects": projects, "clusters": clusters, "counts": status_counts(clusters)}
     return render(request, "console/dashboard.html", context)
 

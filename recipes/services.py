@@ -15,41 +15,27 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from clusters.backends import BackendError, get_backend
+from clusters import services as clusters
 from clusters.choices import EventLevel, NodeRole
-from clusters.services import Conflict, ConsoleError, record_event
+from clusters.events import record_event
+from clusters.slurm import states
+from console.errors import Conflict, ConsoleError, FieldErrors
 
 from .catalog import get_recipe, recipes
 from .models import ModelVersion, Run, RunStatus
 
 
-class LaunchError(ConsoleError):
-    """A launch that cannot be accepted; `errors` maps field names to reasons."""
-
-    def __init__(self, errors):
-        super().__init__("; ".join(f"{k}: {', '.join(v)}" for k, v in errors.items()))
-        self.errors = errors
-
-
-# Slurm job states (squeue --json job_state) and the run status each means.
-SLURM_TO_RUN = {
-    "PENDING": RunStatus.QUEUED,
-    "REQUEUED": RunStatus.QUEUED,
-    "REQUEUE_HOLD": RunStatus.QUEUED,
-    "CONFIGURING": RunStatus.QUEUED,
-    "RUNNING": RunStatus.RUNNING,
-    "COMPLETING": RunStatus.RUNNING,
-    "SUSPENDED": RunStatus.RUNNING,
-    "COMPLETED": RunStatus.COMPLETED,
-    "CANCELLED": RunStatus.CANCELLED,
-    "FAILED": RunStatus.FAILED,
-    "TIMEOUT": RunStatus.FAILED,
-    "NODE_FAIL": RunStatus.FAILED,
-    "OUT_OF_MEMORY": RunStatus.FAILED,
-    "BOOT_FAIL": RunStatus.FAILED,
-    "DEADLINE": RunStatus.FAILED,
-    "PREEMPTED": RunStatus.QUEUED,
-}
+def run_status(job_state):
+    """The run status a Slurm job state means (states: clusters.slurm.states)."""
+    if job_state in states.JOB_COMPLETED:
+        return RunStatus.COMPLETED
+    if job_state in states.JOB_CANCELLED:
+        return RunStatus.CANCELLED
+    if job_state in states.JOB_FAILED:
+        return RunStatus.FAILED
+    if job_state in states.JOB_RUNNING:
+        return RunStatus.RUNNING
+    return RunStatus.QUEUED
 
 
 def partition_shape(cluster, partition_name):
@@ -59,14 +45,13 @@ def partition_shape(cluster, partition_name):
         return None
     pools = [p for p in partition.node_pools.all() if p.role == NodeRole.COMPUTE]
     nodes = sum(p.node_count for p in pools)
-    gpus = min((p.accelerator_count for p in pools), default=0)
-    if cluster.backend == "local":
-        gpus = 0  # local nodes run on CPU whatever the machine type says
+    # What a node really has on its backend (local nodes run on CPU whatever the machine type says).
+    gpus = min((clusters.gpus_per_node(cluster, p) for p in pools), default=0)
     return nodes, gpus
 
 
 def validate_launch(cluster, data):
-    """The checked launch request, or LaunchError naming each bad field."""
+    """The checked launch request, or FieldErrors naming each bad field."""
     errors = {}
     recipe = get_recipe(data.get("recipe", ""))
     if recipe is None:
@@ -97,7 +82,7 @@ def validate_launch(cluster, data):
         if problem:
             errors["init_from"] = [problem]
     if errors:
-        raise LaunchError(errors)
+        raise FieldErrors(errors)
     return {
         "recipe": recipe,
         "profile_name": profile_name,
@@ -216,13 +201,13 @@ def preview(cluster, data):
     launch = validate_launch(cluster, data)
     try:
         work_dir = run_dir(cluster, "<run-id>")
-    except BackendError as exc:
-        raise LaunchError({"cluster": [str(exc)]}) from None
+    except ConsoleError as exc:
+        raise FieldErrors({"cluster": [exc.message]}) from None
     return launch, render_script(f"{launch['recipe']['id']}", launch, work_dir)
 
 
 def run_dir(cluster, run_id):
-    return Path(get_backend(cluster.backend).shared_dir(cluster)) / "runs" / str(run_id)
+    return Path(clusters.shared_dir(cluster)) / "runs" / str(run_id)
 
 
 def launch_run(*, cluster, data, user=None):
@@ -241,11 +226,10 @@ def launch_run(*, cluster, data, user=None):
         init_from=launch["init_from"],
         created_by=user,
     )
-    backend = get_backend(cluster.backend)
     try:
         work_dir = run_dir(cluster, run.uuid)
-    except BackendError as exc:
-        raise LaunchError({"cluster": [str(exc)]}) from None
+    except ConsoleError as exc:
+        raise FieldErrors({"cluster": [exc.message]}) from None
     run.work_dir = str(work_dir)
     run.config = resolve_config(launch, work_dir)
     run.script = render_script(f"{launch['recipe']['id']}-{str(run.uuid)[:8]}", launch, work_dir)
@@ -253,9 +237,9 @@ def launch_run(*, cluster, data, user=None):
     (work_dir / "config.json").write_text(json.dumps(run.config, indent=2))
     (work_dir / "job.sbatch").write_text(run.script)
     try:
-        run.slurm_job_id = backend.submit_batch(cluster, work_dir / "job.sbatch")
-    except BackendError as exc:
-        raise LaunchError({"cluster": [f"sbatch failed: {exc}"]}) from None
+        run.slurm_job_id = clusters.submit_batch(cluster, work_dir / "job.sbatch")
+    except ConsoleError as exc:
+        raise FieldErrors({"cluster": [f"sbatch failed: {exc.message}"]}) from None
     with transaction.atomic():
         run.save()
         record_event(
@@ -269,10 +253,9 @@ def refresh_run(run):
     """Follow the run's Slurm job; record a transition at most once (compare-and-set)."""
     if run.is_done or run.slurm_job_id is None:
         return run
-    backend = get_backend(run.cluster.backend)
     try:
-        job = backend.job_status(run.cluster, run.slurm_job_id)
-    except (BackendError, OSError, ValueError):
+        job = clusters.job_status(run.cluster, run.slurm_job_id)
+    except ConsoleError:
         return run  # Slurm unreachable: keep what we know
     now = timezone.now()
     if job is None:
@@ -283,7 +266,7 @@ def refresh_run(run):
             fields["error"] = "Slurm no longer knows the job and it left no result"
         moved = run.set_status(new, expected=RunStatus.active(), **fields)
     else:
-        new = SLURM_TO_RUN.get(job.state, RunStatus.QUEUED)
+        new = run_status(job.state)
         if new == RunStatus.COMPLETED and not (Path(run.work_dir) / "result.json").exists():
             new = RunStatus.FAILED  # judge success by the result, not only the exit code
         fields = {
@@ -317,9 +300,9 @@ def cancel_run(run):
     if run.is_done:
         raise Conflict(f"The run has already {run.get_status_display().lower()}")
     try:
-        get_backend(run.cluster.backend).cancel_job(run.cluster, run.slurm_job_id)
-    except BackendError as exc:
-        raise Conflict(f"scancel failed: {exc}") from None
+        clusters.cancel_job(run.cluster, run.slurm_job_id)
+    except ConsoleError as exc:
+        raise Conflict(f"scancel failed: {exc.message}") from None
     if run.set_status(
         RunStatus.CANCELLED, expected=RunStatus.active(), finished=timezone.now(), slurm_state="CANCELLED"
     ):
@@ -374,7 +357,7 @@ def register_model(*, run, name, user=None):
     from clusters.spec.validator import RESOURCE_ID
 
     if not isinstance(name, str) or not RESOURCE_ID.match(name):
-        raise LaunchError({"name": ["must be lowercase letters, digits and hyphens, starting with a letter"]})
+        raise FieldErrors({"name": ["must be lowercase letters, digits and hyphens, starting with a letter"]})
     if run.status != RunStatus.COMPLETED:
         raise Conflict("Only a completed run can be registered")
     checkpoint = latest_checkpoint(run)

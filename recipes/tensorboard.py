@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from clusters.backends import get_backend, processes
+from clusters import processes, services
 
 
 def prefix(cluster):
@@ -17,7 +17,7 @@ def prefix(cluster):
 
 
 def state_file(cluster):
-    return Path(get_backend(cluster.backend).shared_dir(cluster)).parent / "tensorboard.json"
+    return Path(services.shared_dir(cluster)).parent / "tensorboard.json"
 
 
 def running(cluster):
@@ -49,7 +49,7 @@ def ensure(cluster, timeout=30):
     port = running(cluster)
     if port is not None:
         return port
-    logdir = Path(get_backend(cluster.backend).shared_dir(cluster)) / "runs"
+    logdir = Path(services.shared_dir(cluster)) / "runs"
     logdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     path = state_file(cluster)

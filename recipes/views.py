@@ -5,17 +5,20 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from clusters.backends import BackendError
-from clusters.services import ConsoleError
-from clusters.views import cluster_for
+from console import access
+from console.charts import line_chart
+from console.errors import ConsoleError, FieldErrors, page_message
 from console.htmx import render_fragment
 
 from . import services
 from .catalog import recipes
-from .charts import line_chart
 from .models import ModelVersion, Run
 
 FIELDS = ("recipe", "profile", "partition", "nodes", "steps", "init_from")
+
+
+def cluster_for(request, project, name):
+    return access.cluster(request.user, project, name)
 
 
 def run_for(request, project, name, run_id):
@@ -38,7 +41,7 @@ def run_new(request, project, name):
                 messages.success(request, f"Submitted Slurm job {run.slurm_job_id}.")
                 return redirect(run)
             _launch, script = services.preview(cluster, form)
-        except services.LaunchError as exc:
+        except FieldErrors as exc:
             errors = exc.errors
         except ConsoleError as exc:
             errors = {"cluster": [exc.message]}
@@ -84,10 +87,8 @@ def run_register(request, project, name, run_id):
     run = run_for(request, project, name, run_id)
     try:
         version = services.register_model(run=run, name=request.POST.get("model_name", "").strip(), user=request.user)
-    except services.LaunchError as exc:
-        messages.error(request, "; ".join(m for msgs in exc.errors.values() for m in msgs))
     except ConsoleError as exc:
-        messages.error(request, exc.message)
+        messages.error(request, page_message(exc))
     else:
         messages.success(
             request, f"Registered {version.name} v{version.version}; continued pretraining can start from it."
@@ -133,7 +134,7 @@ def tensorboard_proxy(request, project, name, path=""):
         return HttpResponse("Only reads go through to TensorBoard.", status=405, content_type="text/plain")
     try:
         port = tensorboard.ensure(cluster)
-    except (RuntimeError, ConsoleError, BackendError, OSError) as exc:
+    except (RuntimeError, ConsoleError, OSError) as exc:
         return HttpResponse(f"TensorBoard is not available: {exc}", status=503, content_type="text/plain")
     url = f"http://127.0.0.1:{port}{tensorboard.prefix(cluster)}/{path}"
     if request.META.get("QUERY_STRING"):

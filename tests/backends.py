@@ -1,4 +1,8 @@
-"""A backend for service tests that fails on purpose: its steps raise what the cluster name asks for."""
+"""A backend for service tests that fails on purpose: its steps raise what the cluster name asks for.
+
+Each test gets a fresh instance from the `scripted` fixture (conftest.py), so what one test records
+(`calls`) or makes Slurm report (`down`) never leaks into the next.
+"""
 
 from clusters.backends.base import Backend, NodeShape, PermanentBackendError, Step, TransientBackendError
 
@@ -7,22 +11,26 @@ class ScriptedBackend(Backend):
     name = "scripted"
     label = "Scripted (tests)"
 
+    def __init__(self):
+        self.calls = []  # (action, node), for tests that count what a repair did
+        self.down = set()  # node names the fake Slurm reports down
+        self.during = None  # ctx -> None, called inside the second step (a test's long-running work)
+
     def steps(self, cluster, hold=None):
-        def fail():
+        def second(ctx):
+            if self.during is not None:
+                self.during(ctx)
             if cluster.name.startswith("flaky"):
                 raise TransientBackendError("zone capacity exhausted, try later")
             if cluster.name.startswith("broken"):
                 raise PermanentBackendError("quota CPUS exceeded: need 16, have 8")
 
-        return [Step("First step", lambda: None), Step("Second step", fail)]
+        return [Step("First step", lambda ctx: None), Step("Second step", second)]
 
     apply_steps = delete_steps = steps
 
-    calls = []  # (action, node), for tests that count what a repair did
-    down = set()  # node names the fake Slurm reports down
-
     def node_statuses(self, cluster):
-        from clusters.backends.base import NodeStatus
+        from clusters.slurm.states import NodeStatus
 
         return [
             NodeStatus(name=n.name, state="down" if n.name in self.down else "idle") for n in cluster.compute_nodes()

@@ -17,9 +17,10 @@ import redis
 from django.conf import settings
 from rest_framework.test import APIClient
 
-from clusters.backends import processes
+from clusters import processes
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster, Operation, Project
+from clusters.operations import engine
 from console.models import APIToken
 
 EXAMPLE = Path(settings.BASE_DIR) / "examples" / "cluster-local-cpu.json"
@@ -34,6 +35,23 @@ def example_spec(**pool_counts):
         if pool["id"] in pool_counts:
             n = pool_counts[pool["id"]]
             pool["scaling_spec"] = {"min_node_count": n, "max_node_count": n}
+    return spec
+
+
+@pytest.fixture
+def scripted(settings):
+    """A fresh ScriptedBackend (tests/backends.py) registered as "scripted" for this test only."""
+    from clusters import backends
+
+    settings.CLUSTER_BACKENDS = {**settings.CLUSTER_BACKENDS, "scripted": "tests.backends.ScriptedBackend"}
+    backends.forget()
+    yield backends.get_backend("scripted")
+    backends.forget()
+
+
+def scripted_spec(**pool_counts):
+    spec = example_spec(**pool_counts)
+    spec["console"]["backend"] = "scripted"
     return spec
 
 
@@ -64,6 +82,15 @@ def charlies_project(charlie):
     project = Project.objects.create(slug="charlie-lab", name="Charlie's lab")
     project.members.add(charlie)
     return project
+
+
+def provisioned(**cluster_filters):
+    """Clusters as if their create had finished (without a worker): READY, their operations done."""
+    from clusters.choices import OperationStatus
+
+    clusters = Cluster.objects.filter(**cluster_filters)
+    Operation.objects.filter(cluster__in=clusters).update(status=OperationStatus.SUCCEEDED)
+    clusters.update(status=ClusterStatus.READY)
 
 
 def api_client_for(user):
@@ -192,7 +219,7 @@ def module_cluster(django_db_blocker, *, username, project_slug, cluster_name="t
         with django_db_blocker.unblock():
             spec = example_spec(cpu=cpu)
             operation = services.create_cluster(project=project, name=cluster_name, spec=spec, user=owner)
-            services.run_operation(operation.pk)
+            engine.run(operation.pk)
             cluster = Cluster.objects.get(pk=operation.cluster_id)
             assert cluster.status == ClusterStatus.READY, Operation.objects.get(pk=operation.pk).error or (
                 cluster.status_message

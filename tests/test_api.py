@@ -5,7 +5,7 @@ import pytest
 from clusters.choices import ClusterStatus, NodeState, OperationStatus
 from clusters.models import Cluster, Operation
 
-from .conftest import example_spec
+from .conftest import example_spec, provisioned
 
 pytestmark = pytest.mark.django_db
 
@@ -68,7 +68,7 @@ def test_it_frees_the_id_of_a_deleted_cluster(alice_api):
 def test_it_lets_bob_see_and_change_alices_cluster_in_their_project(alice_api, bob_api):
     create(alice_api)
     assert bob_api.get(CLUSTERS).json()[0]["id"] == "demo"
-    Cluster.objects.filter(name="demo").update(status=ClusterStatus.READY)
+    provisioned(name="demo")
     response = bob_api.patch(f"{CLUSTERS}demo/", {"spec": example_spec(cpu=3)}, format="json")
     assert response.status_code == 202
     assert response.json()["kind"] == "UPDATE"
@@ -98,7 +98,7 @@ def test_it_answers_401_without_a_valid_token(alpha, client):
 
 def test_it_resizes_only_node_counts(alice_api):
     create(alice_api)
-    Cluster.objects.filter(name="demo").update(status=ClusterStatus.READY)
+    provisioned(name="demo")
     spec = example_spec(cpu=3)
     spec["node_pools"][1]["machine_spec"]["machine_type"] = "n2-standard-16"
     response = alice_api.patch(f"{CLUSTERS}demo/", {"spec": spec}, format="json")
@@ -111,7 +111,7 @@ def test_it_resizes_only_node_counts(alice_api):
 
 def test_it_marks_the_highest_nodes_for_removal_when_shrinking(alice_api):
     create(alice_api, spec=example_spec(cpu=3))
-    Cluster.objects.filter(name="demo").update(status=ClusterStatus.READY)
+    provisioned(name="demo")
     response = alice_api.patch(f"{CLUSTERS}demo/", {"spec": example_spec(cpu=1)}, format="json")
     assert response.status_code == 202
     cluster = Cluster.objects.get()
@@ -129,7 +129,7 @@ def test_it_refuses_to_update_or_delete_while_provisioning(alice_api):
 
 def test_it_deletes_a_ready_cluster_through_an_operation(alice_api):
     create(alice_api)
-    Cluster.objects.filter(name="demo").update(status=ClusterStatus.READY)
+    provisioned(name="demo")
     response = alice_api.delete(f"{CLUSTERS}demo/")
     assert response.status_code == 202
     assert response.json()["kind"] == "DELETE"

@@ -7,10 +7,11 @@ what differs between the backends is only how a test looks at what exists.
 import pytest
 from django.conf import settings
 
-from clusters import services
-from clusters.backends import get_backend, processes
+from clusters import processes, services
+from clusters.backends import get_backend
 from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Cluster, Operation
+from clusters.operations import engine
 
 from .conftest import example_spec, stop_local_clusters
 from .fake_compute import FakeGoogleCloud
@@ -68,7 +69,7 @@ class GceHarness:
         return spec
 
     def leftovers(self, cluster):
-        from clusters.backends.gce import names
+        from clusters.backends.gce.names import names
 
         prefix = names(cluster.project.slug, cluster.name).prefix
         return [
@@ -78,7 +79,7 @@ class GceHarness:
         ]
 
     def instances(self, cluster):
-        from clusters.backends.gce import names
+        from clusters.backends.gce.names import names
 
         prefix = names(cluster.project.slug, cluster.name).prefix
         found = {}
@@ -101,7 +102,7 @@ def harness(request, settings, alpha):
 
 
 def run(operation):
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == OperationStatus.SUCCEEDED, operation.error
     return Cluster.objects.get(pk=operation.cluster_id)
@@ -128,7 +129,7 @@ def test_a_rerun_of_every_step_creates_nothing_twice(harness, alpha, alice):
     cluster = create(harness, alpha, alice, cpu=2)
     before = sorted(harness.leftovers(cluster))
     for step in get_backend(cluster.backend).apply_steps(cluster):
-        step.run()
+        step.run(None)
     assert sorted(harness.leftovers(cluster)) == before
     assert all(len(found) == 1 for found in harness.instances(cluster).values())
 

@@ -7,10 +7,10 @@ import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
-from clusters.choices import ClusterStatus
-from clusters.models import Cluster
+from clusters.choices import ClusterStatus, OperationStatus
+from clusters.models import Cluster, Operation
 
-from .conftest import example_spec
+from .conftest import example_spec, provisioned
 
 pytestmark = pytest.mark.django_db
 
@@ -75,6 +75,7 @@ def test_it_requires_the_cluster_id_and_a_matching_location(alice_api):
 
 def test_it_keeps_a_failed_clusters_id_until_it_is_deleted(alice_api):
     create(alice_api)
+    Operation.objects.update(status=OperationStatus.FAILED)  # as if its create had failed
     Cluster.objects.update(status=ClusterStatus.FAILED)
     response = create(alice_api)
     assert response.status_code == 409
@@ -166,7 +167,7 @@ def test_it_answers_broken_json_with_invalid_argument(alice_api):
 
 def test_it_updates_node_counts_with_patch(alice_api):
     create(alice_api)
-    Cluster.objects.update(status=ClusterStatus.READY)
+    provisioned()
     body = service_example()
     body["node_pools"][1]["scaling_spec"] = {"min_node_count": 3, "max_node_count": 3}
     response = alice_api.patch(f"{BASE}/modelDevelopmentClusters/a3u", body, format="json")
@@ -191,3 +192,29 @@ def test_it_keeps_wizard_drafts_out_of_the_service_paths(alice_api, alice, alpha
     services.create_draft(project=alpha, name="draft", spec=example_spec(), user=alice)
     assert alice_api.get(f"{BASE}/modelDevelopmentClusters").json()["clusters"] == []
     assert alice_api.get(f"{BASE}/modelDevelopmentClusters/draft").status_code == 404
+
+
+def test_it_answers_a_repair_operation_with_its_metadata(alice_api, alpha, alice, scripted):
+    from clusters.health import repair
+    from clusters.operations import engine
+
+    from .conftest import scripted_spec
+
+    create_op = services_create(alpha, alice, scripted_spec())
+    engine.run(create_op.pk)
+    scripted.down.add("cpu-1")
+    fix = repair.watch(Cluster.objects.get(name="ok"))
+    response = alice_api.get(f"{BASE}/operations/{fix.uuid}")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["metadata"]["@type"].endswith("GenericOperationMetadata")
+    assert body["metadata"]["progressMessage"] == "Waiting for a worker"
+    engine.run(fix.pk)
+    done = alice_api.get(f"{BASE}/operations/{fix.uuid}").json()
+    assert done["done"] is True and done["response"]["name"].endswith("/modelDevelopmentClusters/ok")
+
+
+def services_create(project, user, spec):
+    from clusters import services
+
+    return services.create_cluster(project=project, name="ok", spec=spec, user=user)

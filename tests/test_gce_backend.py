@@ -5,9 +5,10 @@ import pytest
 
 from clusters import services
 from clusters.backends import PermanentBackendError, TransientBackendError, get_backend
-from clusters.backends.gce import names
+from clusters.backends.gce.names import names
 from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Cluster, Operation
+from clusters.operations import engine
 from clusters.spec import SpecError
 from clusters.spec.reference import build_spec
 
@@ -45,7 +46,7 @@ def create(alpha, alice, spec, name="ultra"):
 
 def test_it_creates_workers_with_one_bulk_insert_per_pool(fake, alpha, alice):
     operation = create(alpha, alice, gce_spec(nodes=64, pools=2))
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == OperationStatus.SUCCEEDED, operation.error
     assert fake.calls["POST bulkInsert"] == 2
@@ -66,9 +67,9 @@ def test_a_rerun_after_a_crash_creates_only_what_is_missing(fake, alpha, alice):
     operation = create(alpha, alice, gce_spec(nodes=4))
     steps = get_backend("gce").apply_steps(operation.cluster)
     for step in steps[:5]:  # the worker dies after the storage steps
-        step.run()
+        step.run(None)
     fake.reset_calls()
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == OperationStatus.SUCCEEDED, operation.error
     assert fake.calls["POST networks"] == fake.calls["POST subnetworks"] == fake.calls["POST firewalls"] == 0
@@ -81,9 +82,9 @@ def test_a_partial_bulk_insert_is_topped_up_not_repeated(fake, alpha, alice):
     operation = create(alpha, alice, gce_spec(nodes=4))
     fake.inject("POST", r"/instances/bulkInsert$", code="PARTIAL", message="2")
     with pytest.raises(TransientBackendError, match="2 of 4 a3ultra nodes created"):
-        services.run_operation(operation.pk)
+        engine.run(operation.pk)
     assert Operation.objects.get(pk=operation.pk).status == OperationStatus.PENDING
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == OperationStatus.SUCCEEDED, operation.error
     assert fake.calls["POST bulkInsert"] == 2
@@ -92,7 +93,7 @@ def test_a_partial_bulk_insert_is_topped_up_not_repeated(fake, alpha, alice):
 
 
 def run_task(operation, settings, retries=0):
-    from clusters.tasks import run_operation_task
+    from clusters.operations.tasks import run_operation_task
 
     settings.OPERATION_MAX_RETRIES = retries
     run_operation_task.apply(args=[operation.pk])
@@ -165,8 +166,8 @@ def test_delete_leaves_what_it_did_not_create(fake, alpha, alice):
     foreign = "/compute/v1/projects/tcc-test/zones/us-central1-b/instances/someone-elses-vm"
     fake.resources[foreign] = {"name": "someone-elses-vm", "labels": {"team": "infra"}, "status": "RUNNING"}
     operation = create(alpha, alice, gce_spec(nodes=2))
-    services.run_operation(operation.pk)
-    services.run_operation(services.delete_cluster(cluster=Cluster.objects.get(), user=alice).pk)
+    engine.run(operation.pk)
+    engine.run(services.delete_cluster(cluster=Cluster.objects.get(), user=alice).pk)
     assert Cluster.objects.get().status == ClusterStatus.DELETED
     assert list(fake.resources) == [foreign]
 
@@ -175,7 +176,7 @@ def test_it_refuses_a_resource_with_its_name_that_it_did_not_create(fake, alpha,
     prefix = names("alpha", "ultra").prefix
     fake.resources[f"/compute/v1/projects/tcc-test/global/networks/{prefix}-net"] = {"name": f"{prefix}-net"}
     operation = create(alpha, alice, gce_spec(nodes=2))
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == OperationStatus.FAILED
     assert "already exists and was not created by this cluster" in operation.error
@@ -230,7 +231,7 @@ def test_the_controller_gets_slurm_conf_and_a_resize_updates_it(fake, alpha, ali
     spec = gce_spec(nodes=2)
     spec["orchestrator_spec"]["slurm_spec"]["scheduling"] = {"priority_type": "priority/multifactor"}
     operation = create(alpha, alice, spec)
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     prefix = names("alpha", "ultra").prefix
     conf = metadata(fake, "ctl")["slurm-conf"]
     assert f"SlurmctldHost={prefix}-ctl" in conf
@@ -241,14 +242,14 @@ def test_the_controller_gets_slurm_conf_and_a_resize_updates_it(fake, alpha, ali
     assert metadata(fake, "login-0")["slurm-conf"] == conf
     assert "--conf-server" in metadata(fake, "ctl")["startup-script"]
     spec["node_pools"][1]["scaling_spec"] = {"min_node_count": 3, "max_node_count": 3}
-    services.run_operation(services.update_cluster(cluster=Cluster.objects.get(), spec=spec).pk)
+    engine.run(services.update_cluster(cluster=Cluster.objects.get(), spec=spec).pk)
     assert "NodeName=a3ultra-2" in metadata(fake, "ctl")["slurm-conf"]
     assert fake.calls["POST setMetadata"] == 2  # controller and login node
 
 
 def test_the_munge_key_lives_only_in_secret_manager(fake, alpha, alice):
     operation = create(alpha, alice, gce_spec(nodes=2))
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     secret = f"projects/tcc-test/secrets/{names('alpha', 'ultra').prefix}-munge-key"
     versions = fake.secret_versions[secret]
     assert len(versions) == 1
@@ -259,7 +260,7 @@ def test_the_munge_key_lives_only_in_secret_manager(fake, alpha, alice):
     assert key not in stored
     assert all(key not in str(item) for item in fake.instances().values())
     step = next(s for s in get_backend("gce").apply_steps(cluster) if s.name == "Create the munge key secret")
-    step.run()  # a rerun adds no second key
+    step.run(None)  # a rerun adds no second key
     assert len(fake.secret_versions[secret]) == 1
 
 
@@ -269,7 +270,7 @@ def test_a_stopped_instance_is_repaired_through_compute_and_the_controllers_meta
     from clusters.health import repair
 
     settings.AUTO_REPAIR = True
-    services.run_operation(create(alpha, alice, gce_spec(nodes=2)).pk)
+    engine.run(create(alpha, alice, gce_spec(nodes=2)).pk)
     cluster = Cluster.objects.get()
     assert cluster.status == ClusterStatus.READY
     assert "(no first health scan: the gce backend cannot run jobs" in cluster.events.first().message
@@ -278,7 +279,7 @@ def test_a_stopped_instance_is_repaired_through_compute_and_the_controllers_meta
     worker["status"] = "TERMINATED"  # a host error took the machine down
     fix = repair.watch(cluster)
     assert (fix.params["node"], fix.params["failure"], fix.params["action"]) == ("a3ultra-1", "unresponsive", "reboot")
-    services.run_operation(fix.pk)
+    engine.run(fix.pk)
     fix.refresh_from_db()
     assert fix.status == OperationStatus.SUCCEEDED, fix.error
     assert worker["status"] == "RUNNING" and worker["starts"] == 1  # started: a reset needs a running machine

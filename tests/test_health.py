@@ -7,11 +7,11 @@ the service layer (the Celery path is the same task as provisioning, tested else
 import pytest
 from django.core.management import call_command
 
-from clusters import services
 from clusters.backends import get_backend
 from clusters.choices import OperationStatus
 from clusters.health.faults import faults_dir
 from clusters.models import HealthResult, Operation
+from clusters.operations import engine
 
 from .conftest import api_client_for, module_cluster
 
@@ -43,7 +43,7 @@ def scan(api, checks=None):
     response = api.post(SCANS, {"checks": checks} if checks else {}, format="json")
     assert response.status_code == 202, response.content
     operation = Operation.objects.get(uuid=response.json()["id"])
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == OperationStatus.SUCCEEDED, operation.error
     return {(r.node, r.check_name): r for r in HealthResult.objects.filter(operation=operation)}
@@ -166,8 +166,8 @@ def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same
         time.sleep(1)
         cluster.refresh_from_db()
         operation = repair.watch(cluster)
-    assert operation.params == {"node": "cpu-1", "failure": "unresponsive", "action": "reboot", "done": []}
-    services.run_operation(operation.pk)
+    assert operation.params == {"node": "cpu-1", "failure": "unresponsive", "action": "reboot"}
+    engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == OperationStatus.SUCCEEDED, operation.error
     assert [e["message"].split(":")[0] for e in operation.log] == ["Drain cpu-1", "Reboot cpu-1", "Resume cpu-1"]
@@ -192,7 +192,7 @@ def test_a_node_with_wrong_results_is_replaced_and_the_cluster_keeps_its_size(ha
     scan(hana_api, ["correctness"])  # the scan's failure starts a repair at once
     operation = Operation.objects.filter(kind="REPAIR").latest("created")
     assert operation.params["action"] == "replace"  # a correctness failure goes straight to replace
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == OperationStatus.SUCCEEDED, operation.error
     names = sorted(cluster.nodes.filter(node_pool__pool_id="cpu").values_list("name", flat=True))

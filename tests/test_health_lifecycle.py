@@ -13,12 +13,13 @@ from django.utils import timezone
 
 from clusters import services
 from clusters.backends import get_backend
-from clusters.backends.slurm import run_client
 from clusters.choices import ClusterStatus, OperationKind, OperationStatus
 from clusters.health import faults, repair, scans
 from clusters.health.scans import start_scan, targets
 from clusters.health.schedule import prune_results, run_due_scans, run_one, schedule_for
 from clusters.models import Cluster, HealthResult, HealthSchedule, Operation
+from clusters.operations import engine
+from clusters.slurm.client import run_client
 
 from .conftest import api_client_for, example_spec, module_cluster, wait_until
 
@@ -56,11 +57,11 @@ def own_clusters(cluster):
     yield
     for extra in Cluster.objects.exclude(pk__in=before):
         for step in get_backend(extra.backend).delete_steps(extra):
-            step.run()
+            step.run(None)
 
 
 def run(operation):
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == OperationStatus.SUCCEEDED, operation.error
     return operation
@@ -124,7 +125,7 @@ def test_a_node_added_by_a_resize_takes_no_job_before_its_first_scan_passes(
     real_submit = scans.submit
     monkeypatch.setattr(scans, "submit", submit_beside_a_user_job)
     run(update)
-    assert update.params["held"] == ["cpu-2"]
+    assert update.checkpoint["held"] == ["cpu-2"]
     assert {r.node for r in update.health_results.all()} == {"cpu-2"}  # only the new node is scanned
     job = backend.job_status(grow, pinned["id"])
     assert job.state == "PENDING", job  # it never ran on the held node, and the node is drained now
@@ -135,7 +136,7 @@ def test_a_node_added_by_a_resize_takes_no_job_before_its_first_scan_passes(
     assert grow.status == ClusterStatus.VERIFYING
     fix = Operation.objects.get(cluster=grow, kind=OperationKind.REPAIR)
     run(fix)
-    assert fix.params["held"] == ["cpu-3"]  # the replacement is held until its verification passes
+    assert fix.checkpoint["held"] == ["cpu-3"]  # the replacement is held until its verification passes
     grow.refresh_from_db()
     assert grow.status == ClusterStatus.READY, timeline(grow)
     assert "No reservations" in run_client(backend.paths(grow).conf, "scontrol", "show", "reservation").stdout
@@ -259,7 +260,7 @@ def test_a_scheduled_scan_leaves_busy_nodes_alone_and_waits_when_none_is_idle(cl
         assert "running jobs" in skipped[busy]
         scan = run(start_scan(cluster=cluster, checks=["disk"], idle_only=True))
         assert {r.node for r in scan.health_results.all()} == set(nodes["cpu"])
-        assert busy in scan.params["skipped_nodes"]
+        assert busy in scan.checkpoint["skipped_nodes"]
         jobs.append(backend.submit_batch(cluster, script))
         wait_until(lambda: not targets(cluster, idle_only=True)[0], message="both nodes busy")
         schedule = schedule_for(cluster)

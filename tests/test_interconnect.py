@@ -6,12 +6,12 @@ pairwise rounds must blame that node alone, and the repair ladder must start wit
 
 import pytest
 
-from clusters import services
 from clusters.choices import OperationKind, OperationStatus
 from clusters.health import PASS, faults, thresholds
 from clusters.health.checks.interconnect import rounds
 from clusters.health.scans import evaluate_links
 from clusters.models import HealthResult, Operation
+from clusters.operations import engine
 
 from .conftest import api_client_for, module_cluster
 
@@ -35,7 +35,7 @@ def scan(api):
     response = api.post(SCANS, {"checks": ["interconnect"]}, format="json")
     assert response.status_code == 202, response.content
     operation = Operation.objects.get(uuid=response.json()["id"])
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == OperationStatus.SUCCEEDED, operation.error
     return {r.node: r for r in HealthResult.objects.filter(operation=operation)}
@@ -75,10 +75,9 @@ def test_it_blames_the_node_whose_link_is_slow_to_every_peer_and_reboots_it(ivy_
         "node": "cpu-2",
         "failure": "interconnect",
         "action": "reboot",
-        "done": [],
         "checks": ["interconnect"],  # the repair is verified by the check that failed
     }
-    services.run_operation(repair.pk)
+    engine.run(repair.pk)
     repair.refresh_from_db()
     assert repair.status == OperationStatus.SUCCEEDED, repair.error
     # The fault is gone, so the reboot is verified: every node's links pass again.

@@ -6,6 +6,7 @@ from clusters import services
 from clusters.backends.local import preflight
 from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Operation
+from clusters.operations import engine
 
 from .conftest import example_spec
 
@@ -34,7 +35,7 @@ def test_it_names_the_missing_jwt_plugin_and_the_package_that_brings_it(no_jwt_p
 
 def test_a_create_without_the_plugin_fails_at_its_first_step_with_that_line(no_jwt_plugin, alpha, alice):
     operation = services.create_cluster(project=alpha, name="nojwt", spec=example_spec(), user=alice)
-    services.run_operation(operation.pk)
+    engine.run(operation.pk)
     operation = Operation.objects.get(pk=operation.pk)
     assert operation.status == OperationStatus.FAILED
     assert operation.error == preflight.problem()

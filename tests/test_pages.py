@@ -7,7 +7,7 @@ from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Cluster, Operation
 from console.models import APIToken, digest
 
-from .conftest import example_spec
+from .conftest import example_spec, provisioned
 
 pytestmark = pytest.mark.django_db
 
@@ -105,14 +105,14 @@ def test_it_polls_the_operation_until_it_is_done(alice_web, demo):
 
 
 def test_it_refuses_a_delete_without_confirmation(alice_web, demo):
-    Cluster.objects.update(status=ClusterStatus.READY)
+    provisioned()
     response = alice_web.post("/clusters/alpha/demo/delete/", {"confirm": "wrong"}, follow=True)
     assert b"to confirm deletion" in response.content
     assert Cluster.objects.get().status == ClusterStatus.READY
 
 
 def test_it_rejects_a_negative_resize_in_the_form(alice_web, demo):
-    Cluster.objects.update(status=ClusterStatus.READY)
+    provisioned()
     response = alice_web.post("/clusters/alpha/demo/resize/", {"node_pool": "cpu", "node_count": "-1"}, follow=True)
     assert b"node count of 0 or more" in response.content
     assert Operation.objects.count() == 1

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from clusters.backends import get_backend, processes
+from clusters import processes
+from clusters.backends import get_backend
 from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Cluster, Operation
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clusters.backends import processes
+from clusters import processes
 from recipes.catalog import recipes
 from recipes.models import ModelVersion, Run, RunStatus
 

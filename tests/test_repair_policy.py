@@ -7,29 +7,24 @@ from clusters import services
 from clusters.choices import ClusterStatus, OperationStatus
 from clusters.health import repair
 from clusters.models import Cluster, Operation
+from clusters.operations import engine
 
-from .backends import ScriptedBackend
-from .conftest import example_spec
+from .conftest import scripted_spec
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def cluster(settings, alpha, alice):
-    settings.CLUSTER_BACKENDS = {**settings.CLUSTER_BACKENDS, "scripted": "tests.backends.ScriptedBackend"}
-    ScriptedBackend.calls.clear()
-    ScriptedBackend.down.clear()
-    spec = example_spec()
-    spec["console"]["backend"] = "scripted"
-    operation = services.create_cluster(project=alpha, name="ok", spec=spec, user=alice)
-    services.run_operation(operation.pk)
+def cluster(scripted, alpha, alice):
+    operation = services.create_cluster(project=alpha, name="ok", spec=scripted_spec(), user=alice)
+    engine.run(operation.pk)
     return Cluster.objects.get()
 
 
 def repair_once(cluster):
     operation = repair.watch(cluster)
     if operation is not None:
-        services.run_operation(operation.pk)
+        engine.run(operation.pk)
         operation.refresh_from_db()
         assert operation.status == OperationStatus.SUCCEEDED, operation.error
     return operation
@@ -40,8 +35,8 @@ def test_the_worst_failure_wins():
     assert repair.worst(["disk", "unresponsive"]) == "unresponsive"
 
 
-def test_a_node_that_keeps_failing_climbs_the_ladder_then_degrades_the_cluster(cluster):
-    ScriptedBackend.down.add("cpu-1")
+def test_a_node_that_keeps_failing_climbs_the_ladder_then_degrades_the_cluster(cluster, scripted):
+    scripted.down.add("cpu-1")
     assert repair_once(cluster).params["action"] == "reboot"
     assert repair_once(cluster).params["action"] == "reinstall"
     replaced = repair.watch(cluster)
@@ -51,21 +46,24 @@ def test_a_node_that_keeps_failing_climbs_the_ladder_then_degrades_the_cluster(c
     cluster.refresh_from_db()
     assert cluster.status == ClusterStatus.DEGRADED
     assert cluster.events.filter(level="ERROR", message__startswith="Gave up on cpu-1").exists()
-    assert ("reboot", "cpu-1") in ScriptedBackend.calls and ("reinstall", "cpu-1") in ScriptedBackend.calls
+    assert ("reboot", "cpu-1") in scripted.calls and ("reinstall", "cpu-1") in scripted.calls
 
 
-def test_one_repair_at_a_time(cluster):
-    ScriptedBackend.down.update({"cpu-0", "cpu-1"})
+def test_one_repair_at_a_time(cluster, scripted):
+    scripted.down.update({"cpu-0", "cpu-1"})
     first = repair.watch(cluster)
     assert first is not None
     assert repair.watch(cluster) is None  # the first is still pending
 
 
-def test_a_rerun_after_a_killed_worker_does_no_step_twice(cluster):
-    ScriptedBackend.down.add("cpu-0")
+def test_a_rerun_after_a_killed_worker_does_no_step_twice(cluster, scripted):
+    scripted.down.add("cpu-0")
     operation = repair.watch(cluster)
-    operation.params = {**operation.params, "done": ["Drain cpu-0", "Reboot cpu-0"]}  # the worker died after these
-    Operation.objects.filter(pk=operation.pk).update(params=operation.params)
-    services.run_operation(operation.pk)
-    assert ScriptedBackend.calls == [("resume", "cpu-0")]
+    operation.checkpoint.set("done", ["Drain cpu-0", "Reboot cpu-0"])  # the worker died after these
+    engine.run(operation.pk)
+    assert scripted.calls == [("resume", "cpu-0")]
     assert cluster.nodes.get(name="cpu-0").repairs == {"unresponsive": 1}
+    operation.refresh_from_db()
+    # What it was asked stays as asked; what its steps did is in the checkpoint.
+    assert operation.params == {"node": "cpu-0", "failure": "unresponsive", "action": "reboot"}
+    assert operation.checkpoint["done"] == ["Drain cpu-0", "Reboot cpu-0"]

@@ -5,8 +5,8 @@ This module runs its own workers (no module-wide worker), so the first one is su
 
 import pytest
 
-from clusters import services
-from clusters.backends import get_backend, processes
+from clusters import operations, processes, services
+from clusters.backends import get_backend
 from clusters.choices import ClusterStatus, OperationStatus
 
 from .conftest import Worker, example_spec, purge_queue, wait_until
@@ -36,7 +36,7 @@ def test_a_rerun_after_a_killed_worker_creates_nothing_twice(redis_broker, slurm
 
     second = Worker(tmp_path / "second.log")
     try:
-        assert services.resume_stale_operations(stale_after=0) == [operation.pk]
+        assert operations.resume_stale(stale_after=0) == [operation.pk]
         operation = finished(operation.uuid)
     finally:
         second.stop()

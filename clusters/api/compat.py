@@ -17,25 +17,32 @@ import binascii
 import uuid
 
 from django.core.exceptions import RequestDataTooBig
+from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console import access
 from console.auth import BearerTokenAuthentication
+from console.errors import Conflict, ConsoleError, FieldErrors
 
 from .. import services
-from ..backends import BackendError, get_backend
-from ..choices import ClusterStatus, OperationKind, OperationStatus
-from ..models import Cluster, Operation, Project
-from ..spec import SpecError
+from ..choices import ClusterStatus, OperationStatus
+from ..models import Operation
+from ..operations import kind
 
 TYPE_PREFIX = "type.googleapis.com/google.cloud.aiplatform.v1beta1."
-METADATA_TYPES = {
-    OperationKind.CREATE: "CreateModelDevelopmentClusterOperationMetadata",
-    OperationKind.UPDATE: "UpdateModelDevelopmentClusterOperationMetadata",
-    OperationKind.DELETE: "DeleteModelDevelopmentClusterOperationMetadata",
-    OperationKind.SCAN: "GenericOperationMetadata",
+# The HTTP status each google.rpc status answers with (google.rpc.Code's HTTP mapping).
+RPC_HTTP = {
+    "INVALID_ARGUMENT": 400,
+    "FAILED_PRECONDITION": 400,
+    "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409,
+    "PERMISSION_DENIED": 403,
+    "RESOURCE_EXHAUSTED": 429,
+    "UNAVAILABLE": 503,
+    "UNAUTHENTICATED": 401,
 }
 # The documented analogue (persistent resources) names its states like this.
 STATES = {
@@ -80,6 +87,13 @@ def invalid(message, violations=None):
     return RpcError(400, "INVALID_ARGUMENT", message, violations)
 
 
+def rpc_error(exc):
+    """The google.rpc answer for a ConsoleError: its rpc status, and field violations for bad fields."""
+    if isinstance(exc, FieldErrors):
+        return invalid("Request contains an invalid argument.", exc.errors)
+    return RpcError(RPC_HTTP[exc.rpc_status], exc.rpc_status, exc.message)
+
+
 def timestamp(value):
     return value.isoformat().replace("+00:00", "Z") if value else None
 
@@ -103,7 +117,7 @@ def operation_resource(operation):
     body = {
         "name": f"projects/{cluster.project.slug}/locations/{cluster.location}/operations/{operation.uuid}",
         "metadata": {
-            "@type": TYPE_PREFIX + METADATA_TYPES[operation.kind],
+            "@type": TYPE_PREFIX + kind(operation.kind).metadata_type,
             "genericMetadata": {
                 "createTime": timestamp(operation.created),
                 "updateTime": timestamp(operation.finished or operation.heartbeat or operation.created),
@@ -114,8 +128,8 @@ def operation_resource(operation):
     if operation.is_done:
         body["done"] = True
         if operation.status == OperationStatus.FAILED:
-            body["error"] = {"code": 13, "message": operation.error}
-        elif operation.kind == OperationKind.DELETE:
+            body["error"] = {"code": 13, "message": operation.error}  # INTERNAL: the work failed
+        elif kind(operation.kind).response == "empty":
             body["response"] = {"@type": "type.googleapis.com/google.protobuf.Empty"}
         else:
             body["response"] = {"@type": TYPE_PREFIX + "ModelDevelopmentCluster", **cluster_resource(cluster)}
@@ -150,6 +164,8 @@ class CompatView(APIView):
     authentication_classes = [BearerTokenAuthentication]
 
     def handle_exception(self, exc):
+        if isinstance(exc, ConsoleError):
+            exc = rpc_error(exc)
         if isinstance(exc, RpcError):
             return exc.response()
         if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
@@ -163,23 +179,25 @@ class CompatView(APIView):
         raise exc
 
     def project(self, slug):
-        project = Project.objects.for_user(self.request.user).filter(slug=slug).first()
-        if project is None:
+        try:
+            return access.project(self.request.user, slug)
+        except Http404:
             raise RpcError(
                 403,
                 "PERMISSION_DENIED",
                 f"Permission denied on resource project {slug} (or it may not exist).",
-            )
-        return project
+            ) from None
+
+    def clusters(self, project, location):
+        """The project's clusters in `location`, drafts left out (they are the wizard's, not the service's)."""
+        return (
+            access.clusters(self.request.user)
+            .exclude(status=ClusterStatus.DRAFT)
+            .filter(project=self.project(project), location=location)
+        )
 
     def cluster(self, project, location, cluster_id):
-        cluster = (
-            Cluster.objects.live()
-            .exclude(status=ClusterStatus.DRAFT)  # drafts are the wizard's, not the service's
-            .select_related("project")
-            .filter(project=self.project(project), location=location, name=cluster_id)
-            .first()
-        )
+        cluster = self.clusters(project, location).filter(name=cluster_id).first()
         if cluster is None:
             raise RpcError(404, "NOT_FOUND", f"ModelDevelopmentCluster {cluster_id} not found in {location}.")
         return cluster
@@ -195,30 +213,13 @@ class CompatView(APIView):
         }
 
     def run(self, call):
-        try:
-            operation = call()
-        except SpecError as exc:
-            raise invalid("Request contains an invalid argument.", exc.errors) from None
-        except services.AlreadyExists as exc:
-            raise RpcError(409, "ALREADY_EXISTS", exc.message) from None
-        except services.QuotaExceeded as exc:
-            raise RpcError(429, "RESOURCE_EXHAUSTED", exc.message) from None
-        except services.Conflict as exc:
-            raise RpcError(400, "FAILED_PRECONDITION", exc.message) from None
-        except services.ConsoleError as exc:
-            raise invalid(exc.message) from None
-        return Response(operation_resource(operation))
+        return Response(operation_resource(call()))
 
 
 @extend_schema(exclude=True)
 class CompatClusters(CompatView):
     def get(self, request, project, location):
-        clusters = (
-            Cluster.objects.live()
-            .exclude(status=ClusterStatus.DRAFT)
-            .select_related("project")
-            .filter(project=self.project(project), location=location)
-        )
+        clusters = self.clusters(project, location)
         try:
             size = int(
                 request.query_params.get("pageSize") or request.query_params.get("page_size") or DEFAULT_PAGE_SIZE
@@ -292,13 +293,8 @@ class CompatSlurmRestApi(CompatView):
         if violations:
             raise invalid("Request contains an invalid argument.", violations)
         if cluster.status not in ClusterStatus.usable():
-            raise RpcError(400, "FAILED_PRECONDITION", f"Cluster {cluster.name} is not running")
-        try:
-            status, raw = get_backend(cluster.backend).call_slurm_rest(cluster, method, path, payload or None)
-        except BackendError as exc:
-            raise RpcError(
-                503 if exc.retryable else 400, "UNAVAILABLE" if exc.retryable else "FAILED_PRECONDITION", str(exc)
-            ) from None
+            raise Conflict(f"Cluster {cluster.name} is not running")
+        status, raw = services.call_slurm_rest(cluster, method, path, payload or None)
         try:
             answer = json.loads(raw or b"null")
         except ValueError:

@@ -135,9 +135,13 @@ class HealthResultSerializer(serializers.ModelSerializer):
 
 class ScanSerializer(OperationSerializer):
     results = HealthResultSerializer(source="health_results", many=True)
+    checkpoint = serializers.SerializerMethodField(help_text="What the scan recorded: nodes, skipped_nodes, jobs")
 
     class Meta(OperationSerializer.Meta):
-        fields = [*OperationSerializer.Meta.fields, "params", "results"]
+        fields = [*OperationSerializer.Meta.fields, "params", "checkpoint", "results"]
+
+    def get_checkpoint(self, operation) -> dict:
+        return dict(operation.checkpoint)
 
 
 class RepairSerializer(OperationSerializer):

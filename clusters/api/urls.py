@@ -2,8 +2,6 @@
 
 from django.urls import path
 
-from recipes import api as recipes_api
-
 from . import views
 
 CLUSTER = "projects/<slug:project>/clusters/<slug:cluster>/"
@@ -21,22 +19,4 @@ urlpatterns = [
     path(CLUSTER + "nodes/<str:node>/", views.NodeDetail.as_view(), name="api-node"),
     path(CLUSTER + "repairs/", views.ClusterRepairs.as_view(), name="api-repairs"),
     path("projects/<slug:project>/operations/<uuid:operation>/", views.OperationDetail.as_view(), name="api-operation"),
-    path("recipes/", recipes_api.RecipeList.as_view(), name="api-recipes"),
-    path("projects/<slug:project>/models/", recipes_api.ModelVersionList.as_view(), name="api-models"),
-    path(
-        "projects/<slug:project>/clusters/<slug:cluster>/runs/<uuid:run>/register/",
-        recipes_api.RunRegister.as_view(),
-        name="api-run-register",
-    ),
-    path("projects/<slug:project>/clusters/<slug:cluster>/runs/", recipes_api.RunList.as_view(), name="api-runs"),
-    path(
-        "projects/<slug:project>/clusters/<slug:cluster>/runs/<uuid:run>/",
-        recipes_api.RunDetail.as_view(),
-        name="api-run",
-    ),
-    path(
-        "projects/<slug:project>/clusters/<slug:cluster>/runs/<uuid:run>/cancel/",
-        recipes_api.RunCancel.as_view(),
-        name="api-run-cancel",
-    ),
 ]

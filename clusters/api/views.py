@@ -1,15 +1,21 @@
-"""The console's own REST API: projects, clusters, operations, nodes, jobs and events."""
+"""The console's own REST API: projects, clusters, operations, nodes, jobs, events, scans and repairs.
+
+Views are short: access (console.access) finds what the user may see, a service does the work, and a
+ConsoleError it raises becomes its HTTP answer in one place (console.safejson.api_exception_handler).
+"""
 
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console import access
+
 from .. import services
-from ..models import Cluster, Operation, Project
-from ..spec import SpecError
-from ..views import cluster_for  # the pages' rule; DRF answers its Http404 as a JSON 404
+from ..health import scans, schedule
+from ..models import Operation
 from .serializers import (
     ClusterCreateSerializer,
     ClusterSerializer,
@@ -28,38 +34,27 @@ from .serializers import (
 )
 
 
-def project_for(request, slug):
-    """The project, or 404 when it does not exist or the user is not a member (no difference shown)."""
-    return get_object_or_404(Project.objects.for_user(request.user), slug=slug)
-
-
-def spec_error_response(exc):
-    errors = dict(exc.errors)
-    body = {"cluster_id": errors.pop("cluster_id")} if "cluster_id" in errors else {}
-    if errors:
-        body["spec"] = errors
-    return Response(body, status=status.HTTP_400_BAD_REQUEST)
-
-
-def console_error_response(exc):
-    return Response({"detail": exc.message}, status=exc.code)
-
-
 def accepted(operation):
     return Response(OperationSerializer(operation).data, status=status.HTTP_202_ACCEPTED)
+
+
+def json_object(request):
+    if not isinstance(request.data, dict):
+        raise ValidationError({"non_field_errors": ["send a JSON object"]})
+    return request.data
 
 
 class ProjectList(generics.ListAPIView):
     serializer_class = ProjectSerializer
 
     def get_queryset(self):
-        return Project.objects.for_user(self.request.user)
+        return access.projects(self.request.user)
 
 
 class ClusterList(APIView):
     @extend_schema(responses=ClusterSerializer(many=True))
     def get(self, request, project):
-        clusters = Cluster.objects.live().filter(project=project_for(request, project)).select_related("project")
+        clusters = access.clusters(request.user).filter(project=access.project(request.user, project))
         return Response(ClusterSerializer(clusters.prefetch_related("node_pools"), many=True).data)
 
     @extend_schema(
@@ -68,66 +63,37 @@ class ClusterList(APIView):
         description="Create a cluster. With ?dry_run=true, answer 200 with the plan and cost and create nothing.",
     )
     def post(self, request, project):
-        project = project_for(request, project)
+        project = access.project(request.user, project)
         body = ClusterCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        name, spec = body.validated_data["cluster_id"], body.validated_data["spec"]
         if request.query_params.get("dry_run") in ("1", "true", "True"):
-            try:
-                return Response(
-                    services.dry_run(
-                        project=project, name=body.validated_data["cluster_id"], spec=body.validated_data["spec"]
-                    )
-                )
-            except SpecError as exc:
-                return spec_error_response(exc)
-            except services.ConsoleError as exc:
-                return console_error_response(exc)
-        try:
-            operation = services.create_cluster(
-                project=project,
-                name=body.validated_data["cluster_id"],
-                spec=body.validated_data["spec"],
-                user=request.user,
-            )
-        except SpecError as exc:
-            return spec_error_response(exc)
-        except services.ConsoleError as exc:
-            return console_error_response(exc)
-        return accepted(operation)
+            return Response(services.dry_run(project=project, name=name, spec=spec))
+        return accepted(services.create_cluster(project=project, name=name, spec=spec, user=request.user))
 
 
 class ClusterDetail(APIView):
     @extend_schema(responses=ClusterSerializer)
     def get(self, request, project, cluster):
-        return Response(ClusterSerializer(cluster_for(request, project, cluster)).data)
+        return Response(ClusterSerializer(access.cluster(request.user, project, cluster)).data)
 
     @extend_schema(request=ClusterUpdateSerializer, responses={202: OperationSerializer})
     def patch(self, request, project, cluster):
-        cluster = cluster_for(request, project, cluster)
+        cluster = access.cluster(request.user, project, cluster)
         body = ClusterUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        try:
-            operation = services.update_cluster(cluster=cluster, spec=body.validated_data["spec"], user=request.user)
-        except SpecError as exc:
-            return spec_error_response(exc)
-        except services.ConsoleError as exc:
-            return console_error_response(exc)
-        return accepted(operation)
+        return accepted(services.update_cluster(cluster=cluster, spec=body.validated_data["spec"], user=request.user))
 
     @extend_schema(responses={202: OperationSerializer})
     def delete(self, request, project, cluster):
-        cluster = cluster_for(request, project, cluster)
-        try:
-            operation = services.delete_cluster(cluster=cluster, user=request.user)
-        except services.ConsoleError as exc:
-            return console_error_response(exc)
-        return accepted(operation)
+        cluster = access.cluster(request.user, project, cluster)
+        return accepted(services.delete_cluster(cluster=cluster, user=request.user))
 
 
 class ClusterNodes(APIView):
     @extend_schema(responses=NodeSerializer(many=True))
     def get(self, request, project, cluster):
-        cluster = cluster_for(request, project, cluster)
+        cluster = access.cluster(request.user, project, cluster)
         services.refresh_nodes(cluster)
         return Response(NodeSerializer(cluster.nodes.select_related("node_pool"), many=True).data)
 
@@ -136,7 +102,7 @@ class ClusterJobs(APIView):
     @extend_schema(responses=JobSerializer(many=True))
     def get(self, request, project, cluster):
         """Every job seen on the cluster, newest first; the last known states when Slurm is unreachable."""
-        jobs, error = services.list_jobs(cluster_for(request, project, cluster))
+        jobs, error = services.list_jobs(access.cluster(request.user, project, cluster))
         response = Response(JobSerializer(jobs, many=True).data)
         if error:
             response["Warning"] = '199 - "Slurm is not answering; last known states"'
@@ -147,7 +113,7 @@ class ClusterEvents(generics.ListAPIView):
     serializer_class = EventSerializer
 
     def get_queryset(self):
-        cluster = cluster_for(self.request, self.kwargs["project"], self.kwargs["cluster"])
+        cluster = access.cluster(self.request.user, self.kwargs["project"], self.kwargs["cluster"])
         return cluster.events.select_related("operation")
 
 
@@ -155,7 +121,7 @@ class OperationDetail(generics.RetrieveAPIView):
     serializer_class = OperationSerializer
 
     def get_object(self):
-        project = project_for(self.request, self.kwargs["project"])
+        project = access.project(self.request.user, self.kwargs["project"])
         return get_object_or_404(
             Operation.objects.select_related("cluster"), cluster__project=project, uuid=self.kwargs["operation"]
         )
@@ -167,39 +133,29 @@ class ClusterScans(APIView):
 
     @extend_schema(responses=ScanSerializer(many=True))
     def get(self, request, project, cluster):
-        from ..health.scans import scans_of
-
-        cluster = cluster_for(request, project, cluster)
-        return Response(ScanSerializer(scans_of(cluster).prefetch_related("health_results")[:20], many=True).data)
+        cluster = access.cluster(request.user, project, cluster)
+        found = scans.scans_of(cluster).prefetch_related("health_results", "checkpoints")[:20]
+        return Response(ScanSerializer(found, many=True).data)
 
     @extend_schema(request=ScanRequestSerializer, responses={202: OperationSerializer})
     def post(self, request, project, cluster):
-        from ..health.scans import ScanError, start_scan
-
-        cluster = cluster_for(request, project, cluster)
+        cluster = access.cluster(request.user, project, cluster)
         body = ScanRequestSerializer(data=request.data if isinstance(request.data, dict) else {})
         body.is_valid(raise_exception=True)
-        try:
-            operation = start_scan(
-                cluster=cluster,
-                checks=body.validated_data.get("checks"),
-                thresholds=body.validated_data.get("thresholds"),
-                user=request.user,
-            )
-        except ScanError as exc:
-            return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
-        except services.ConsoleError as exc:
-            return console_error_response(exc)
+        operation = scans.start_scan(
+            cluster=cluster,
+            checks=body.validated_data.get("checks"),
+            thresholds=body.validated_data.get("thresholds"),
+            user=request.user,
+        )
         return accepted(operation)
 
 
 class ScanDetail(APIView):
     @extend_schema(responses=ScanSerializer)
     def get(self, request, project, cluster, scan):
-        from ..health.scans import scans_of
-
-        cluster = cluster_for(request, project, cluster)
-        return Response(ScanSerializer(get_object_or_404(scans_of(cluster), uuid=scan)).data)
+        cluster = access.cluster(request.user, project, cluster)
+        return Response(ScanSerializer(get_object_or_404(scans.scans_of(cluster), uuid=scan)).data)
 
 
 class HealthScheduleDetail(APIView):
@@ -208,23 +164,14 @@ class HealthScheduleDetail(APIView):
 
     @extend_schema(responses=HealthScheduleSerializer)
     def get(self, request, project, cluster):
-        from ..health.schedule import schedule_for
-
-        return Response(HealthScheduleSerializer(schedule_for(cluster_for(request, project, cluster))).data)
+        cluster = access.cluster(request.user, project, cluster)
+        return Response(HealthScheduleSerializer(schedule.schedule_for(cluster)).data)
 
     @extend_schema(request=HealthScheduleSerializer, responses=HealthScheduleSerializer)
     def patch(self, request, project, cluster):
-        from ..health.scans import ScanError
-        from ..health.schedule import update_schedule
-
-        cluster = cluster_for(request, project, cluster)
-        if not isinstance(request.data, dict):
-            return Response({"non_field_errors": ["send a JSON object"]}, status=status.HTTP_400_BAD_REQUEST)
-        try:
-            schedule = update_schedule(cluster, dict(request.data))
-        except ScanError as exc:
-            return Response(exc.errors, status=status.HTTP_400_BAD_REQUEST)
-        return Response(HealthScheduleSerializer(schedule).data)
+        cluster = access.cluster(request.user, project, cluster)
+        found = schedule.update_schedule(cluster, dict(json_object(request)))
+        return Response(HealthScheduleSerializer(found).data)
 
     put = patch
 
@@ -234,13 +181,11 @@ class NodeDetail(APIView):
 
     @extend_schema(responses=NodeDetailSerializer)
     def get(self, request, project, cluster, node):
-        from ..health.scans import latest_per_check, repairs_of
-
-        cluster = cluster_for(request, project, cluster)
+        cluster = access.cluster(request.user, project, cluster)
         services.refresh_nodes(cluster)
         node = get_object_or_404(cluster.nodes.select_related("node_pool"), name=node)
-        latest = latest_per_check(cluster).get(node.name, {})
-        repairs = repairs_of(cluster, node.name)[:50]
+        latest = scans.latest_per_check(cluster).get(node.name, {})
+        repairs = scans.repairs_of(cluster, node.name)[:50]
         return Response(
             {
                 **NodeDetailSerializer(node).data,
@@ -257,7 +202,5 @@ class ClusterRepairs(generics.ListAPIView):
     serializer_class = RepairSerializer
 
     def get_queryset(self):
-        from ..health.scans import repairs_of
-
-        cluster = cluster_for(self.request, self.kwargs["project"], self.kwargs["cluster"])
-        return repairs_of(cluster, self.request.query_params.get("node")).select_related("cluster")
+        cluster = access.cluster(self.request.user, self.kwargs["project"], self.kwargs["cluster"])
+        return scans.repairs_of(cluster, self.request.query_params.get("node")).select_related("cluster")

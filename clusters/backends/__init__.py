@@ -13,6 +13,7 @@ __all__ = [
     "PermanentBackendError",
     "TransientBackendError",
     "all_backends",
+    "forget",
     "get_backend",
 ]
 
@@ -20,6 +21,11 @@ __all__ = [
 @cache
 def _load(path):
     return import_string(path)()
+
+
+def forget():
+    """Drop the loaded backend instances, so the next lookup makes fresh ones (tests swap backends)."""
+    _load.cache_clear()
 
 
 def all_backends():

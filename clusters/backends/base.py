@@ -1,58 +1,39 @@
 """The backend contract: what every cluster backend (local Slurm, Compute Engine) must provide.
 
 A backend turns a cluster's desired state (its Node rows and spec) into real machines and a running
-Slurm, and reports what Slurm sees. The service layer owns the Operation row, progress and events;
-a backend only hands it an ordered list of named steps and runs them when asked.
+Slurm, and reports what Slurm sees. The operations engine owns the Operation row, progress and
+events; a backend only hands it an ordered list of named steps (`Step(name, run)`, `run(ctx)`) and
+runs them when asked. A backend says what it can do with capability attributes (`runs_jobs`,
+`injects_faults`); callers ask those, never the backend's name.
 
 Rules every backend keeps:
 
 * Steps are idempotent. A step run twice (a worker died after doing it, or the task was delivered
   again) finds the work done and does nothing. Names of everything a backend creates are derived
   from the cluster, never random, so a rerun can find them.
+* Waiting is a heartbeat: every loop that waits calls `clusters.work.heartbeat(detail)` (or
+  `processes.wait_for`, which does), so a step that waits half an hour is not taken for a dead worker.
 * Errors are `BackendError`s. `TransientBackendError` means a retry can help (a port in use, a
   capacity error, an API timeout); `PermanentBackendError` means it cannot (bad quota, bad config).
 * Whatever a backend must remember between steps lives in `cluster.backend_state`, saved with
   `save_state()`; secrets never do (they live in files or secret stores the backend owns).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from ..slurm.states import JobStatus, NodeStatus
+from ..work import BackendError, PermanentBackendError, Step, TransientBackendError
 
-class BackendError(Exception):
-    """A backend failure with a message fit for the operation's error and the cluster timeline."""
-
-    retryable = False
-
-
-class TransientBackendError(BackendError):
-    retryable = True
-
-
-class PermanentBackendError(BackendError):
-    retryable = False
-
-
-@dataclass
-class Step:
-    """One named, idempotent unit of work; `run()` takes no arguments."""
-
-    name: str
-    run: object
-
-
-@dataclass
-class NodeStatus:
-    name: str
-    state: str  # Slurm's base state, lower case: idle, allocated, mixed, down, drained, ...
-    flags: list = field(default_factory=list)  # DRAIN, NOT_RESPONDING, ...
-    reason: str = ""
-    partitions: list = field(default_factory=list)
-    cpus: int = 0
-    memory_mb: int = 0
-
-    @property
-    def display_state(self):
-        return "+".join([self.state, *[f.lower() for f in self.flags]])
+__all__ = [
+    "Backend",
+    "BackendError",
+    "JobStatus",
+    "NodeShape",
+    "NodeStatus",
+    "PermanentBackendError",
+    "Step",
+    "TransientBackendError",
+]
 
 
 @dataclass
@@ -65,22 +46,6 @@ class NodeShape:
     note: str = ""
 
 
-@dataclass
-class JobStatus:
-    job_id: int
-    name: str
-    user: str
-    state: str
-    partition: str
-    nodes: str
-    node_count: int
-    reason: str = ""
-    exit_code: int | None = None
-    submit_time: int = 0
-    start_time: int = 0
-    end_time: int = 0
-
-
 class Backend:
     """Base class; subclasses set `name` and implement every method below."""
 
@@ -89,6 +54,8 @@ class Backend:
     # Whether the console can submit Slurm jobs here (shared_dir, submit_batch, job_status): health
     # scans and recipes need it.
     runs_jobs = False
+    # Whether the console can rehearse failures here (kill_node, faults_dir): admin fault actions.
+    injects_faults = False
 
     def validate_spec(self, spec):
         """Yield (field path, message) for what this backend cannot build from a valid spec."""
@@ -129,6 +96,10 @@ class Backend:
         """A folder every node and the console see (the cluster's /home), for run configs and outputs."""
         raise PermanentBackendError(f"The {self.name} backend cannot run recipes yet")
 
+    def login_env(self, cluster):
+        """Environment a user sets on the login node to reach this cluster's Slurm ({} when nothing)."""
+        return {}
+
     def submit_batch(self, cluster, script_path):
         """Submit an sbatch script that lies in shared_dir(); returns the Slurm job id."""
         raise PermanentBackendError(f"The {self.name} backend cannot submit jobs yet")
@@ -165,6 +136,14 @@ class Backend:
     def release(self, cluster, name):
         """End hold `name` (its nodes take any job again); a hold that is gone already is fine."""
         raise PermanentBackendError(f"The {self.name} backend cannot hold nodes yet")
+
+    def kill_node(self, cluster, node):
+        """Kill the node's slurmd and job steps at once, as a dead machine would (needs injects_faults)."""
+        raise PermanentBackendError(f"The {self.name} backend cannot inject faults")
+
+    def faults_dir(self, cluster):
+        """The folder of fault files the health agent reads on each node (needs injects_faults)."""
+        raise PermanentBackendError(f"The {self.name} backend cannot inject faults")
 
     def call_slurm_rest(self, cluster, method, path, body=None):
         """Forward a request to the cluster's slurmrestd; returns (HTTP status, raw body)."""

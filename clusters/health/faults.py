@@ -1,14 +1,16 @@
 """Fault injection for the local backend: rehearse scans and repairs on a cluster of this machine.
 
 Faults other than kill_node are a small JSON file per node in the cluster's faults folder, which the
-health agent reads on that node; kill_node kills the node's slurmd and job steps at once.
+health agent reads on that node; kill_node kills the node's slurmd and job steps at once. Only a
+backend that says it can (`injects_faults`) takes them.
 Used by `manage.py inject_fault` and the Node admin's actions.
 """
 
 import json
-from pathlib import Path
 
-from ..backends import get_backend
+from console.errors import ConsoleError
+
+from .. import services
 
 KINDS = {
     "perturb": "the correctness check computes a slightly wrong result",
@@ -24,26 +26,27 @@ KINDS = {
 VALUED = {"slow", "slow_link"}
 
 
-class FaultError(Exception):
+class FaultError(ConsoleError):
     pass
 
 
 def faults_dir(cluster):
-    return Path(get_backend(cluster.backend).shared_dir(cluster)).parent / "faults"
+    return services.faults_dir(cluster)
 
 
 def inject(cluster, node, kind, value=5):
     """Inject `kind` into `node`; returns a sentence saying what the node has now."""
     if kind not in KINDS:
         raise FaultError(f"unknown fault {kind!r}; choose from: {', '.join(KINDS)}")
-    if cluster.backend != "local":
-        raise FaultError("Fault injection is for the local backend only")
     if not cluster.nodes.filter(name=node).exists():
         raise FaultError(f"{cluster} has no node {node}")
-    if kind == "kill_node":
-        get_backend("local").kill_node(cluster, node)
-        return f"{node}: slurmd and its job steps killed"
-    folder = faults_dir(cluster)
+    try:
+        if kind == "kill_node":
+            services.inject_fault(cluster, node)
+            return f"{node}: slurmd and its job steps killed"
+        folder = faults_dir(cluster)
+    except ConsoleError as exc:
+        raise FaultError(exc.message) from None
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{node}.json"
     faults = json.loads(path.read_text()) if path.exists() else {}

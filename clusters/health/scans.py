@@ -1,9 +1,10 @@
 """Health scans: one Slurm job per partition runs the agent on every node in parallel; the console
 collects each node's JSON, compares speeds with the fleet median and records every result.
 
-A scan is an Operation of kind SCAN, worked by the same task as create/update/delete, so it gets the
-same claim, heartbeat, progress bar and resume-after-crash. The scan job's id is kept in the
-operation's params, so a rerun waits for the job it already submitted instead of submitting another.
+A scan is an Operation of kind SCAN (registered in kinds.py), worked by the same engine as create, update
+and delete, so it gets the same claim, heartbeat, progress bar and resume-after-crash. The nodes it
+picked and the scan jobs' ids are kept in the operation's checkpoint, so a rerun scans the same nodes
+and waits for the jobs it already submitted instead of submitting others.
 """
 
 import json
@@ -17,35 +18,29 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
-from ..backends import PermanentBackendError, TransientBackendError, get_backend
-from ..backends.base import Step
-from ..choices import ClusterStatus, NodeRole, NodeState, OperationKind, OperationStatus
-from ..models import HealthResult, Operation
+from console.errors import FieldErrors
+
+from .. import services
+from ..choices import ClusterStatus, EventLevel, NodeRole, NodeState, OperationKind, OperationStatus
+from ..events import record_event
+from ..models import HealthResult
+from ..operations import start
+from ..slurm.states import NODE_UP, is_schedulable, split_state
+from ..work import PermanentBackendError, Step, TransientBackendError, heartbeat
 from . import FAIL, PASS, WARN, load_checks, threshold_errors, thresholds, unknown_checks
 from .checks.correctness import checksum
-from .faults import faults_dir
 
 SCAN_TIMEOUT = 1800
 SYSTEM = "system"
-ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")
 # Once every result is in, how long a scan job may take to end by itself before it is cancelled.
 SETTLE_SECONDS = 15
 # How long a scan waits for nodes that are up but flagged NOT_RESPONDING before leaving them out.
 NOT_RESPONDING_GRACE = 20
 
 
-class ScanError(Exception):
-    """A scan request that cannot be accepted; `errors` maps fields to reasons."""
-
-    def __init__(self, errors):
-        super().__init__("; ".join(f"{k}: {', '.join(v)}" for k, v in errors.items()))
-        self.errors = errors
-
-
 def start_scan(*, cluster, checks=None, user=None, thresholds=None, idle_only=False, reason=""):
-    """Validate a scan request and start its operation; ScanError (a 400) names every bad field."""
-    from ..services import Conflict, start_operation
-
+    """Validate a scan request and start its operation; FieldErrors (a 400) names every bad field, and
+    Conflict (a 409) says another operation is running."""
     checks = list(checks) if checks else list(load_checks())
     errors = {}
     if unknown_checks(checks):
@@ -57,27 +52,22 @@ def start_scan(*, cluster, checks=None, user=None, thresholds=None, idle_only=Fa
             "or verifying cluster"
         ]
     if errors:
-        raise ScanError(errors)
-    if cluster.operations.filter(status__in=OperationStatus.active()).exists():
-        raise Conflict(f"Cluster '{cluster.name}' has an operation in progress; scan when it ends")
-    params = {"checks": checks, "thresholds": thresholds or {}, "idle_only": idle_only}
-    with transaction.atomic():
-        return start_operation(
-            cluster,
-            OperationKind.SCAN,
-            user,
-            f"Health scan {reason or f'requested by {user or SYSTEM}'}: {', '.join(checks)}",
-            params=params,
-        )
+        raise FieldErrors(errors)
+    return start(
+        cluster,
+        OperationKind.SCAN,
+        user=user,
+        message=f"Health scan {reason or f'requested by {user or SYSTEM}'}: {', '.join(checks)}",
+        params={"checks": checks, "thresholds": thresholds or {}, "idle_only": idle_only},
+    )
 
 
 def scannable(cluster):
     return cluster.status in ClusterStatus.watched()
 
 
-def scan_dir(operation):
-    cluster = operation.cluster
-    return Path(get_backend(cluster.backend).shared_dir(cluster)) / "scans" / str(operation.uuid)
+def scan_dir(ctx):
+    return Path(ctx.backend.shared_dir(ctx.cluster)) / "scans" / str(ctx.operation.uuid)
 
 
 def targets(cluster, idle_only=False, held=()):
@@ -87,9 +77,7 @@ def targets(cluster, idle_only=False, held=()):
     in a hold other than the scan's own (`held`); with `idle_only` (periodic scans) so are nodes running
     jobs. A node in two partitions is scanned in the first.
     """
-    from ..services import refresh_nodes
-
-    refresh_nodes(cluster)
+    services.refresh_nodes(cluster)
     found, skipped, seen = {}, {}, set()
     for partition in cluster.partitions.prefetch_related("node_pools__nodes"):
         for pool in partition.node_pools.all():
@@ -113,19 +101,17 @@ def settled_targets(cluster, idle_only=False, held=(), grace=NOT_RESPONDING_GRAC
     deadline = time.monotonic() + grace
     while True:
         nodes, skipped = targets(cluster, idle_only, held)
-        flagged = [why for why in skipped.values() if why.split(" ")[0].split("+")[0] in ("idle", "mixed", "allocated")]
+        flagged = [why for why in skipped.values() if split_state(why.split(" ")[0])[0] in NODE_UP]
         if not flagged or time.monotonic() >= deadline:
             return nodes, skipped
+        heartbeat(f"waiting for {len(flagged)} flagged node(s) to answer")
         time.sleep(1)
-
-
-UNSCHEDULABLE = {"down", "drained", "draining", "drain", "fail", "failing", "unknown"}
 
 
 def unschedulable(node, idle_only, held=()):
     """Why a scan job cannot use this node now, or ""."""
-    base, *flags = (node.slurm_state or "unknown").lower().split("+")
-    if base in UNSCHEDULABLE or {"drain", "not_responding"} & set(flags):
+    base, flags = split_state(node.slurm_state)
+    if not is_schedulable(node.slurm_state):
         return (node.slurm_state or "not seen by Slurm") + (f" ({node.slurm_reason})" if node.slurm_reason else "")
     if "reserved" in flags and node.name not in held:
         return f"{node.slurm_state}: held for another operation's scan"
@@ -134,13 +120,12 @@ def unschedulable(node, idle_only, held=()):
     return ""
 
 
-def scan_steps(operation, prefix=""):
-    waiting = f"{prefix}Wait for every node's results"
+def scan_steps(prefix=""):
     return [
-        Step(f"{prefix}Write the scan job", lambda: write_job(operation)),
-        Step(f"{prefix}Submit the scan job", lambda: submit(operation)),
-        Step(waiting, lambda: wait(operation, waiting)),
-        Step(f"{prefix}Compare nodes and record results", lambda: evaluate(operation)),
+        Step(f"{prefix}Write the scan job", write_job),
+        Step(f"{prefix}Submit the scan job", submit),
+        Step(f"{prefix}Wait for every node's results", wait),
+        Step(f"{prefix}Compare nodes and record results", evaluate),
     ]
 
 
@@ -149,7 +134,7 @@ def summary(operation):
     failing = sorted({f"{r.node} {r.check_name}" for r in results if r.status == FAIL})
     counts = {status: sum(r.status == status for r in results) for status in ("pass", "warn", "fail", "skipped")}
     text = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    skipped = operation.params.get("skipped_nodes") or {}
+    skipped = operation.checkpoint.get("skipped_nodes") or {}
     if skipped:
         text += f"; not scanned: {', '.join(f'{n} ({why})' for n, why in sorted(skipped.items()))}"
     return f"Health scan done: {text}" + (f"; failing: {', '.join(failing)}" if failing else ""), bool(failing)
@@ -159,47 +144,51 @@ def limits_for(operation):
     return thresholds({"backend": operation.cluster.backend, "thresholds": operation.params.get("thresholds")})
 
 
-def write_job(operation):
-    """Pick the nodes (kept in the operation, so a rerun scans the same ones) and write one job per partition."""
-    cluster = operation.cluster
-    folder = scan_dir(operation)
+def checks_of(operation):
+    """The checks a scan runs: those its request names, else every check."""
+    return operation.params.get("checks") or list(load_checks())
+
+
+def write_job(ctx):
+    """Pick the nodes (kept in the checkpoint, so a rerun scans the same ones) and write one job per partition."""
+    cluster, checkpoint = ctx.cluster, ctx.checkpoint
+    folder = scan_dir(ctx)
     folder.mkdir(parents=True, exist_ok=True)
-    params = operation.params
-    if "nodes" not in params:
-        held = params.get("held", [])
-        nodes, skipped = settled_targets(cluster, idle_only=params.get("idle_only", False), held=held)
-        if params.get("held") and operation.kind != OperationKind.REPAIR:
+    if "nodes" not in checkpoint:
+        held = checkpoint.get("held", [])
+        nodes, skipped = settled_targets(cluster, idle_only=ctx.params.get("idle_only", False), held=held)
+        if held and ctx.operation.kind != OperationKind.REPAIR:
             # A create's or resize's first scan is of the nodes it started; a repair's verification
             # scans its held node among the others (speed and links are judged against peers).
             nodes = {p: [n for n in names if n in held] for p, names in nodes.items()}
             nodes = {p: names for p, names in nodes.items() if names}
             skipped = {n: why for n, why in skipped.items() if n in held}
-        params = {"checks": list(load_checks()), **params, "nodes": nodes, "skipped_nodes": skipped}
-        operation.params = params
-        Operation.objects.filter(pk=operation.pk).update(params=params)
-    if not params["nodes"]:
-        skipped = params["skipped_nodes"]
+        checkpoint.set("skipped_nodes", skipped)
+        checkpoint.set("nodes", nodes)
+    if not checkpoint["nodes"]:
+        skipped = checkpoint["skipped_nodes"]
         raise PermanentBackendError(
             "no node can be scanned now: " + (", ".join(f"{n} {why}" for n, why in skipped.items()) or "no nodes")
         )
     pool = cluster.node_pools.filter(role=NodeRole.COMPUTE).first()
-    limits = limits_for(operation)["correctness"]
+    limits = limits_for(ctx.operation)["correctness"]
     context = {
         "backend": cluster.backend,
-        "checks": params["checks"],
-        "thresholds": params.get("thresholds") or {},
+        "checks": checks_of(ctx.operation),
+        "thresholds": ctx.params.get("thresholds") or {},
         "paths": ["/tmp", str(folder.parent.parent)],
-        "faults_dir": str(faults_dir(cluster)),
-        "gpus_per_node": 0 if cluster.backend == "local" else (pool.accelerator_count if pool else 0),
+        "faults_dir": str(ctx.backend.faults_dir(cluster)) if ctx.backend.injects_faults else "/nonexistent",
+        "gpus_per_node": ctx.backend.node_shape(cluster, pool).gpus if pool else 0,
         "accelerator_type": pool.accelerator_type if pool else "",
         "reference_checksum": checksum(limits["size"], limits["rounds"], limits["seed"]),
     }
     (folder / "context.json").write_text(json.dumps(context))
-    for name, nodes in params["nodes"].items():
+    hold = checkpoint.get("hold")
+    for name, nodes in checkpoint["nodes"].items():
         script = "\n".join(
             [
                 "#!/bin/bash",
-                f"#SBATCH --job-name=health-scan-{str(operation.uuid)[:8]}",
+                f"#SBATCH --job-name=health-scan-{str(ctx.operation.uuid)[:8]}",
                 f"#SBATCH --partition={name}",
                 f"#SBATCH --nodelist={','.join(nodes)}",
                 f"#SBATCH --nodes={len(nodes)}",
@@ -207,7 +196,7 @@ def write_job(operation):
                 "#SBATCH --time=30",
                 # A scan is judged on the nodes it was given; it is never rerun behind the console's back.
                 "#SBATCH --no-requeue",
-                *([f"#SBATCH --reservation={params['hold']}"] if params.get("hold") else []),
+                *([f"#SBATCH --reservation={hold}"] if hold else []),
                 f"#SBATCH --output={folder}/slurm-{name}-%j.out",
                 f"cd {shlex.quote(str(settings.BASE_DIR))}",
                 # One BLAS thread per task: each node measures itself, not a fight over shared cores.
@@ -219,34 +208,30 @@ def write_job(operation):
         (folder / f"scan-{name}.sbatch").write_text(script)
 
 
-def submit(operation):
+def submit(ctx):
     """Submit one job per partition, once: job ids are kept so a rerun does not submit again."""
-    cluster = operation.cluster
-    jobs = dict(operation.params.get("jobs", {}))
-    backend = get_backend(cluster.backend)
-    for name in operation.params["nodes"]:
+    jobs = dict(ctx.checkpoint.get("jobs", {}))
+    for name in ctx.checkpoint["nodes"]:
         if name not in jobs:
-            jobs[name] = backend.submit_batch(cluster, scan_dir(operation) / f"scan-{name}.sbatch")
-            operation.params = {**operation.params, "jobs": jobs}
-            Operation.objects.filter(pk=operation.pk).update(params=operation.params)
+            jobs[name] = ctx.backend.submit_batch(ctx.cluster, scan_dir(ctx) / f"scan-{name}.sbatch")
+            ctx.checkpoint.set("jobs", jobs)
 
 
-def expected_nodes(operation):
-    return sorted(n for nodes in operation.params["nodes"].values() for n in nodes)
+def expected_nodes(checkpoint):
+    return sorted(n for nodes in checkpoint["nodes"].values() for n in nodes)
 
 
-def wait(operation, label="Wait for every node's results", timeout=SCAN_TIMEOUT):
-    cluster = operation.cluster
-    backend = get_backend(cluster.backend)
-    folder = scan_dir(operation)
-    wanted = expected_nodes(operation)
-    jobs = operation.params.get("jobs", {})
+def wait(ctx, timeout=SCAN_TIMEOUT):
+    cluster, backend = ctx.cluster, ctx.backend
+    folder = scan_dir(ctx)
+    wanted = expected_nodes(ctx.checkpoint)
+    jobs = ctx.checkpoint.get("jobs", {})
     deadline, settle_by = time.monotonic() + timeout, None
     while True:
         done = [n for n in wanted if (folder / f"{n}.json").exists()]
-        operation.report(progress=operation.progress, step=f"{label} ({len(done)}/{len(wanted)})")
+        ctx.heartbeat(f"{len(done)}/{len(wanted)}")
         states = {name: backend.job_status(cluster, job_id) for name, job_id in jobs.items()}
-        running = {name: s for name, s in states.items() if s is not None and s.state in ACTIVE}
+        running = {name: s for name, s in states.items() if s is not None and s.is_active}
         if len(done) == len(wanted):
             # Every result is in; a job still tearing down must not hold its nodes for what follows
             # (a repair, a training job), so give it a moment and then cancel it.
@@ -270,10 +255,11 @@ def wait(operation, label="Wait for every node's results", timeout=SCAN_TIMEOUT)
         time.sleep(0.5)
 
 
-def evaluate(operation):
+def evaluate(ctx):
     """Record every node's results; a node well below the fleet's median speed is a straggler."""
-    folder = scan_dir(operation)
-    reports = {n: json.loads((folder / f"{n}.json").read_text())["results"] for n in expected_nodes(operation)}
+    operation = ctx.operation
+    folder = scan_dir(ctx)
+    reports = {n: json.loads((folder / f"{n}.json").read_text())["results"] for n in expected_nodes(ctx.checkpoint)}
     speeds = {n: r["speed"]["values"]["gflops"] for n, r in reports.items() if "speed" in r and r["speed"]["values"]}
     if speeds:
         median = statistics.median(speeds.values())
@@ -422,3 +408,11 @@ def latest_results(cluster):
         return None, {}
     current = set(cluster.wanted_nodes().values_list("name", flat=True))
     return scan, {node: row for node, row in latest_per_check(cluster).items() if node in current}
+
+
+def announce(ctx):
+    """A finished scan's summary on the timeline."""
+    message, failing = summary(ctx.operation)
+    record_event(
+        ctx.cluster, message, level=EventLevel.WARNING if failing else EventLevel.INFO, operation=ctx.operation
+    )

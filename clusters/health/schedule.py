@@ -11,9 +11,12 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from console.errors import Conflict, FieldErrors
+
 from ..choices import ClusterStatus
 from ..models import HealthResult, HealthSchedule
 from . import unknown_checks
+from .scans import start_scan, targets
 
 MIN_MINUTES, MAX_MINUTES = 5, 30 * 24 * 60
 BUSY_RETRY, NO_IDLE_RETRY = timedelta(minutes=5), timedelta(hours=1)
@@ -58,11 +61,9 @@ def schedule_errors(data):
 
 def update_schedule(cluster, data):
     """Apply a validated change; the next run moves to now + the (new) interval. Returns the schedule."""
-    from .scans import ScanError
-
     errors = schedule_errors(data)
     if errors:
-        raise ScanError(errors)
+        raise FieldErrors(errors)
     schedule = schedule_for(cluster)
     for field, value in data.items():
         setattr(schedule, field, value)
@@ -84,9 +85,6 @@ def run_due_scans(now=None):
 
 
 def run_one(schedule, now):
-    from ..services import Conflict
-    from .scans import ScanError, start_scan, targets
-
     # Claim: only the process that moves next_run from the value it read starts the scan.
     claimed = HealthSchedule.objects.filter(pk=schedule.pk, next_run=schedule.next_run).update(
         next_run=now + timedelta(minutes=schedule.every_minutes), last_run=now
@@ -108,7 +106,7 @@ def run_one(schedule, now):
             outcome = f"started scan {operation.uuid}"
         except Conflict:
             outcome, retry = "skipped: another operation was running; trying again in 5 minutes", BUSY_RETRY
-        except ScanError as exc:
+        except FieldErrors as exc:
             outcome = f"skipped: {exc}"
     fields = {"last_outcome": outcome[:300]}
     if retry:

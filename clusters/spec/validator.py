@@ -6,6 +6,8 @@ collected, never raised one at a time, and each names its field path (`node_pool
 
 import re
 
+from console.errors import FieldErrors
+
 from .catalog import REGIONS, machine_type_info
 from .console_block import validate_console_block
 
@@ -50,12 +52,18 @@ SLURM_SPEC = {
 }
 
 
-class SpecError(Exception):
-    """A spec that cannot be accepted; `errors` maps field paths to messages."""
+class SpecError(FieldErrors):
+    """A spec that cannot be accepted; `errors` maps field paths in the spec to messages, with the
+    request's own fields (the cluster id) beside them. /api/v1 nests the spec's under "spec"."""
 
-    def __init__(self, errors):
-        super().__init__("; ".join(f"{path}: {', '.join(msgs)}" for path, msgs in errors.items()))
-        self.errors = errors
+    REQUEST_FIELDS = ("cluster_id",)
+
+    def body(self):
+        errors = dict(self.errors)
+        body = {key: errors.pop(key) for key in self.REQUEST_FIELDS if key in errors}
+        if errors:
+            body["spec"] = errors
+        return body
 
 
 def snake_case(key):

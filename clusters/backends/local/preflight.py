@@ -11,7 +11,7 @@ import os
 import shutil
 import sys
 
-from ..processes import SEARCH_PATH
+from ...processes import SEARCH_PATH
 
 # program: the Debian package that ships it.
 PROGRAMS = {

@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from .work import heartbeat
+
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
 
 
@@ -117,10 +119,13 @@ def start_daemon(argv, env=None, timeout=60, cwd="/"):
     return result
 
 
-def wait_for(predicate, timeout, interval=0.1):
+def wait_for(predicate, timeout, interval=0.1, waiting_for=""):
+    """Poll `predicate` until it is true or `timeout` seconds pass; returns its last value. Each poll is
+    a heartbeat of the step this runs in (see clusters.work)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value or time.monotonic() >= deadline:
             return value
+        heartbeat(waiting_for)
         time.sleep(interval)

@@ -1,11 +1,12 @@
-"""Slurm client commands and parsers for their `--json` output, shared by the backends."""
+"""Slurm client commands (sinfo, squeue, scontrol, sbatch) and parsers for their output, shared by the backends."""
 
 import json
 import subprocess
 from pathlib import Path
 
-from .base import JobStatus, NodeStatus, TransientBackendError
-from .processes import program
+from ..processes import program
+from ..work import TransientBackendError
+from .states import JobStatus, NodeStatus
 
 
 def run_client(conf, *args, timeout=20, check=True, cwd=None):
@@ -87,3 +88,14 @@ def parse_squeue(text):
             )
         )
     return jobs
+
+
+def scontrol_fields(conf, kind, name):
+    """`scontrol show <kind> <name> -o` as a dict of its Key=Value fields ({} when Slurm knows none)."""
+    result = run_client(conf, "scontrol", "show", kind, name, "-o", check=False)
+    return dict(f.split("=", 1) for f in result.stdout.split() if "=" in f)
+
+
+def hostnames(conf, nodelist):
+    """The node names a Slurm node list (e.g. "cpu-[0-2]") stands for."""
+    return run_client(conf, "scontrol", "show", "hostnames", nodelist).stdout.split()

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Startup script the gce backend puts in each instance's metadata. Values in @...@ are filled in by
-# clusters/backends/gce.py. It installs Slurm, joins the cluster's controller, and mounts /home,
+# clusters/backends/gce/slurm_conf.py. It installs Slurm, joins the cluster's controller, and mounts /home,
 # Managed Lustre and GCS FUSE buckets. It runs at every boot and is idempotent.
 set -euo pipefail
 ROLE='@ROLE@'

@@ -1,0 +1,232 @@
+"""The `gce` backend: the same cluster spec as Compute Engine resources, with google-cloud-compute.
+
+What it creates, in dependency order (each one an operation step): the VPC network with the spec's
+MTU and its subnetwork, firewall rules (internal traffic; SSH to the login node only), a private
+services access range and its peering (for Filestore / Managed Lustre), the Filestore /home, the
+Managed Lustre file system, a compact placement policy per GPU pool, an instance template per
+compute pool, the controller and login instances, then the workers with one bulkInsert per pool.
+
+Every name derives from the project and cluster id (names.py), and everything it creates carries
+the label `tcc-cluster=<prefix>` (or, where Compute has no labels, that marker in its description):
+a rerun finds what exists and creates only what is missing, and delete removes only what it made.
+Long-running operations are polled with operation clients built with the same client options,
+because the library's own `.result()` polling does not honour a custom endpoint.
+
+The work lives in the modules beside this one, one seam each: names, clients, errors, cloud (one
+cluster's resources and the generic create / delete / wait), network, storage, instances and
+slurm_conf; this class maps the backend contract onto them.
+"""
+
+from pathlib import Path
+
+from django.conf import settings
+
+from ...choices import NodeState
+from ...slurm.states import NodeStatus
+from ...spec import pool_node_count
+from ...spec.catalog import machine_type_info
+from ..base import Backend, NodeShape, Step
+from . import instances, network, slurm_conf, storage
+from .clients import Clients
+from .cloud import Cloud
+from .names import is_gpu_pool, names
+
+
+class GceBackend(Backend):
+    name = "gce"
+    label = "Google Compute Engine"
+
+    # -- clients ----------------------------------------------------------------------------------
+
+    def __init__(self):
+        self._clients = {}
+
+    def clients_for(self, project):
+        """Clients with the project's own service-account key if it has one, else ADC; cached per key."""
+        key_file = None
+        if settings.GCE_CREDENTIALS_DIR:
+            candidate = Path(settings.GCE_CREDENTIALS_DIR) / f"{project.slug}.json"
+            key_file = str(candidate) if candidate.exists() else None
+        cache_key = (settings.GCE_API_ENDPOINT, key_file)
+        if cache_key not in self._clients:
+            self._clients[cache_key] = Clients(settings.GCE_API_ENDPOINT, key_file)
+        return self._clients[cache_key]
+
+    # -- contract -----------------------------------------------------------------------------
+
+    def validate_spec(self, spec):
+        net = (spec.get("console") or {}).get("network") or {}
+        if not net.get("create") and not (spec.get("network") or {}).get("network"):
+            yield "network.network", "the gce backend needs an existing network or console.network.create"
+
+    def project_problems(self, project):
+        if not project.gcp_project_id:
+            return [f"project '{project.slug}' has no Google Cloud project id; an administrator sets it in the admin"]
+        return []
+
+    def node_shape(self, cluster, pool):
+        info = machine_type_info(pool.machine_type)
+        gpus = pool.accelerator_count
+        note = f"{pool.machine_type}: {info.vcpus} vCPUs, {info.memory_gb} GB" if info else pool.machine_type
+        if gpus:
+            note += f", {gpus} x {pool.accelerator_type}"
+        return NodeShape(
+            cpus=info.vcpus if info else 0, memory_mb=(info.memory_gb * 1024) if info else 0, gpus=gpus, note=note
+        )
+
+    def plan(self, project, cluster_name, spec):
+        """(kind, name, detail) for every resource create would make, with its real name."""
+        n = names(project.slug, cluster_name)
+        console = spec.get("console") or {}
+        net = console.get("network") or {}
+        store = console.get("storage") or {}
+        login = spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
+        items = []
+        if net.get("create"):
+            items += [
+                ("VPC network", n.network, f"MTU {net.get('mtu', 1460)}"),
+                ("Subnetwork", n.subnetwork, net.get("subnet_range", "")),
+            ]
+        items += [
+            ("Firewall rule", n.firewall_internal, "all traffic inside the subnet"),
+            ("Firewall rule", n.firewall_ssh, "tcp:22 to the login node only"),
+        ]
+        if net.get("private_services_range"):
+            items.append(("Private services access", n.psa_range, net["private_services_range"]))
+        if store.get("filestore_home"):
+            home = store["filestore_home"]
+            items.append(("Filestore", n.filestore, f"{home['tier']}, {home['capacity_gb']:,} GB, /home"))
+        if store.get("lustre"):
+            lustre = store["lustre"]
+            items.append(
+                (
+                    "Managed Lustre",
+                    n.lustre,
+                    f"{lustre['capacity_gb']:,} GiB, {lustre['performance_tier']} MB/s per TiB",
+                )
+            )
+        pools = [p for p in spec["node_pools"] if p["id"] != login]
+        for pool in pools:
+            if is_gpu_pool(pool):
+                items.append(("Placement policy", n.placement(pool["id"]), "compact (COLLOCATED)"))
+            items.append(
+                ("Instance template", n.template(pool["id"]), f"{pool['machine_spec']['machine_type']}, gVNIC")
+            )
+        items.append(("Instance", n.controller, f"{settings.GCE_CONTROLLER_MACHINE_TYPE}, Slurm controller"))
+        login_pool = next(p for p in spec["node_pools"] if p["id"] == login)
+        for i in range(pool_node_count(login_pool)):
+            items.append(
+                ("Instance", n.instance(f"{login}-{i}"), f"{login_pool['machine_spec']['machine_type']}, login")
+            )
+        for pool in pools:
+            count = pool_node_count(pool)
+            last = n.instance(f"{pool['id']}-{max(count - 1, 0)}")
+            items.append(
+                (
+                    "bulkInsert",
+                    f"{n.instance(pool['id'] + '-0')} .. {last}",
+                    f"{count} x {pool['machine_spec']['machine_type']}",
+                )
+            )
+        return items
+
+    def apply_steps(self, cluster, hold=None):
+        # `hold` is never asked of this backend: the console cannot submit the scans it would wait for.
+        cloud = Cloud(self, cluster)
+        spec = cluster.spec
+        console = spec.get("console") or {}
+        net = console.get("network") or {}
+        store = console.get("storage") or {}
+        steps = []
+        if net.get("create"):
+            steps += [
+                Step(f"Create VPC network {cloud.n.network}", lambda ctx: network.create_network(cloud)),
+                Step(f"Create subnetwork {cloud.n.subnetwork}", lambda ctx: network.create_subnetwork(cloud)),
+            ]
+        steps.append(Step("Create firewall rules", lambda ctx: network.create_firewalls(cloud)))
+        if net.get("private_services_range") and (store.get("filestore_home") or store.get("lustre")):
+            steps.append(
+                Step("Set up private services access", lambda ctx: network.create_private_services_access(cloud))
+            )
+        if store.get("filestore_home"):
+            steps.append(Step(f"Create Filestore {cloud.n.filestore}", lambda ctx: storage.create_filestore(cloud)))
+        if store.get("lustre"):
+            steps.append(Step(f"Create Managed Lustre {cloud.n.lustre}", lambda ctx: storage.create_lustre(cloud)))
+        for pool in cloud.compute_pools:
+            if is_gpu_pool(pool):
+                steps.append(
+                    Step(
+                        f"Create placement policy for {pool['id']}",
+                        lambda ctx, p=pool: instances.create_placement(cloud, p),
+                    )
+                )
+            steps.append(
+                Step(
+                    f"Create instance template for {pool['id']}",
+                    lambda ctx, p=pool: instances.create_template(cloud, p),
+                )
+            )
+        steps.append(Step("Create the munge key secret", lambda ctx: slurm_conf.create_munge_secret(cloud)))
+        steps.append(Step("Create the controller and login nodes", lambda ctx: instances.create_head_nodes(cloud)))
+        for pool in cloud.compute_pools:
+            steps.append(
+                Step(f"Create {pool['id']} nodes (bulkInsert)", lambda ctx, p=pool: instances.create_workers(cloud, p))
+            )
+        if cluster.nodes.filter(state=NodeState.DELETING).exists():
+            steps.append(Step("Delete removed nodes", lambda ctx: instances.delete_removed_workers(cloud)))
+        steps.append(
+            Step("Update slurm.conf on the controller and login nodes", lambda ctx: slurm_conf.update_slurm_conf(cloud))
+        )
+        steps.append(Step("Wait for every instance to run", lambda ctx: instances.wait_running(cloud)))
+        return steps
+
+    def delete_steps(self, cluster):
+        cloud = Cloud(self, cluster)
+        return [
+            Step("Delete instances", lambda ctx: instances.delete_instances(cloud)),
+            Step("Delete instance templates and placement policies", lambda ctx: instances.delete_templates(cloud)),
+            Step("Delete Managed Lustre and Filestore", lambda ctx: storage.delete_storage(cloud)),
+            Step("Delete firewall rules", lambda ctx: network.delete_firewalls(cloud)),
+            Step("Delete private services access", lambda ctx: network.delete_private_services_access(cloud)),
+            Step("Delete subnetwork and network", lambda ctx: network.delete_network(cloud)),
+            Step("Delete the munge key secret", lambda ctx: slurm_conf.delete_munge_secret(cloud)),
+        ]
+
+    # Instance states in which the machine is gone for Slurm: the repair watcher takes them as "down".
+    STOPPED = {"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"}
+
+    def node_statuses(self, cluster):
+        """Compute nodes' instance states (lower case), until the console reaches the cluster's slurmrestd;
+        a stopped or terminated instance (host error, preemption) reads as down."""
+        cloud = Cloud(self, cluster)
+        return [
+            NodeStatus(
+                name=instance.name.removeprefix(f"{cloud.n.prefix}-"),
+                state="down" if instance.status in self.STOPPED else instance.status.lower(),
+                reason=f"Compute Engine instance {instance.status}",
+                partitions=[instance.labels.get("tcc-pool", "")],
+            )
+            for instance in instances.list_instances(cloud)
+            if instance.labels.get("tcc-role") == "compute"
+        ]
+
+    def jobs(self, cluster):
+        return []
+
+    # -- remediation --------------------------------------------------------------------------
+    # Drain and resume go through the controller's metadata (key `tcc-node-states`), which its
+    # agent (startup.sh) applies with scontrol; reboot is an instance reset; reinstall deletes
+    # the instance and makes it again from the pool's template. Replace needs nothing here: it is
+    # a resize (apply_steps) that adds one node and removes another.
+
+    def drain(self, cluster, node, reason):
+        slurm_conf.set_node_state(Cloud(self, cluster), node, "DRAIN", reason)
+
+    def resume(self, cluster, node):
+        slurm_conf.set_node_state(Cloud(self, cluster), node, "RESUME", "")
+
+    def reboot(self, cluster, node):
+        instances.reset_instance(Cloud(self, cluster), node)
+
+    def reinstall(self, cluster, node):
+        instances.recreate_instance(Cloud(self, cluster), node)

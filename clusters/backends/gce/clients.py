@@ -1,0 +1,69 @@
+"""google-cloud clients for one endpoint and one set of credentials (REST transport)."""
+
+from functools import cached_property
+
+from django.conf import settings
+
+
+class Clients:
+    """google-cloud clients sharing one endpoint and one set of credentials."""
+
+    def __init__(self, endpoint, credentials_file):
+        self.endpoint = endpoint
+        self.credentials_file = credentials_file
+        self.endpoints = {
+            "filestore": settings.GCE_FILESTORE_ENDPOINT,
+            "lustre": settings.GCE_LUSTRE_ENDPOINT,
+            "secrets": settings.GCE_SECRET_MANAGER_ENDPOINT,
+        }
+
+    @cached_property
+    def credentials(self):
+        if self.endpoint and settings.GCE_ANONYMOUS:
+            from google.auth.credentials import AnonymousCredentials
+
+            return AnonymousCredentials()
+        if self.credentials_file:
+            from google.oauth2 import service_account
+
+            return service_account.Credentials.from_service_account_file(
+                self.credentials_file, scopes=["https://www.googleapis.com/auth/cloud-platform"]
+            )
+        import google.auth
+
+        credentials, _project = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        return credentials
+
+    def make(self, cls, endpoint=""):
+        endpoint = endpoint or self.endpoint
+        options = {"api_endpoint": endpoint} if endpoint else None
+        return cls(credentials=self.credentials, transport="rest", client_options=options)
+
+    def __getattr__(self, name):
+        from google.cloud import compute_v1, filestore_v1, lustre_v1, secretmanager_v1
+
+        classes = {
+            "networks": compute_v1.NetworksClient,
+            "subnetworks": compute_v1.SubnetworksClient,
+            "firewalls": compute_v1.FirewallsClient,
+            "addresses": compute_v1.GlobalAddressesClient,
+            "templates": compute_v1.InstanceTemplatesClient,
+            "policies": compute_v1.ResourcePoliciesClient,
+            "instances": compute_v1.InstancesClient,
+            "zone_operations": compute_v1.ZoneOperationsClient,
+            "region_operations": compute_v1.RegionOperationsClient,
+            "global_operations": compute_v1.GlobalOperationsClient,
+            "filestore": filestore_v1.CloudFilestoreManagerClient,
+            "lustre": lustre_v1.LustreClient,
+            "secrets": secretmanager_v1.SecretManagerServiceClient,
+        }
+        if name not in classes:
+            raise AttributeError(name)
+        client = self.make(classes[name], self.endpoints.get(name, ""))
+        setattr(self, name, client)
+        return client
+
+    def session(self):
+        from google.auth.transport.requests import AuthorizedSession
+
+        return AuthorizedSession(self.credentials)

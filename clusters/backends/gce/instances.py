@@ -1,0 +1,304 @@
+"""A gce cluster's machines: placement policies, instance templates, the controller and login nodes,
+the workers (one bulkInsert per pool), waiting for them, resetting, recreating and deleting them."""
+
+import time
+
+from django.conf import settings
+
+from ...choices import NodeRole, NodeState
+from ...spec import pool_node_count
+from ...work import PermanentBackendError, TransientBackendError, heartbeat
+from . import slurm_conf
+from .errors import map_api_error
+from .names import OWNER_LABEL, is_gpu_pool
+
+
+def create_placement(cloud, pool):
+    from google.cloud import compute_v1
+
+    name = cloud.n.placement(pool["id"])
+    cloud.ensure(
+        f"placement policy {name}",
+        lambda: cloud.c.policies.get(project=cloud.project, region=cloud.region, resource_policy=name),
+        lambda: cloud.c.policies.insert_unary(
+            project=cloud.project,
+            region=cloud.region,
+            resource_policy_resource=compute_v1.ResourcePolicy(
+                name=name,
+                description=cloud.description,
+                group_placement_policy=compute_v1.ResourcePolicyGroupPlacementPolicy(collocation="COLLOCATED"),
+            ),
+        ),
+    )
+
+
+def instance_properties(cloud, pool, role):
+    from google.cloud import compute_v1
+
+    machine = pool["machine_spec"]
+    disk = pool.get("boot_disk") or {}
+    model = pool.get("provisioning_model", "ON_DEMAND")
+    scheduling = compute_v1.Scheduling(
+        provisioning_model="SPOT" if model == "SPOT" else ("FLEX_START" if model == "FLEX_START" else "STANDARD"),
+        on_host_maintenance="TERMINATE" if is_gpu_pool(pool) else "MIGRATE",
+        automatic_restart=model not in ("SPOT", "FLEX_START"),
+    )
+    if model in ("SPOT", "FLEX_START"):
+        scheduling.instance_termination_action = "DELETE"
+    properties = compute_v1.InstanceProperties(
+        machine_type=machine["machine_type"],
+        labels={**cloud.labels, "tcc-pool": pool["id"], "tcc-role": role},
+        tags=compute_v1.Tags(items=[f"{cloud.n.prefix}-{role}"]),
+        disks=[
+            compute_v1.AttachedDisk(
+                boot=True,
+                auto_delete=True,
+                initialize_params=compute_v1.AttachedDiskInitializeParams(
+                    source_image=settings.GCE_IMAGE,
+                    disk_size_gb=int(disk.get("boot_disk_size_gb", 100)),
+                    disk_type=disk.get("boot_disk_type", "pd-balanced"),
+                ),
+            )
+        ],
+        network_interfaces=[
+            compute_v1.NetworkInterface(
+                network=cloud.network_url,
+                subnetwork=cloud.subnetwork_url,
+                nic_type="GVNIC",
+                access_configs=[compute_v1.AccessConfig(name="External NAT")] if pool.get("enable_public_ips") else [],
+            )
+        ],
+        scheduling=scheduling,
+        metadata=compute_v1.Metadata(
+            items=[
+                compute_v1.Items(key="startup-script", value=slurm_conf.startup_script(cloud, pool, role)),
+                compute_v1.Items(key="tcc-cluster", value=cloud.n.prefix),
+            ]
+        ),
+    )
+    affinity = machine.get("reservation_affinity")
+    if affinity:
+        properties.reservation_affinity = compute_v1.ReservationAffinity(
+            consume_reservation_type="SPECIFIC_RESERVATION",
+            key=affinity.get("key", "compute.googleapis.com/reservation-name"),
+            values=affinity.get("values", []),
+        )
+    if is_gpu_pool(pool) and role == "compute":
+        properties.resource_policies = [cloud.n.placement(pool["id"])]
+    return properties
+
+
+def create_template(cloud, pool):
+    from google.cloud import compute_v1
+
+    name = cloud.n.template(pool["id"])
+    cloud.ensure(
+        f"instance template {name}",
+        lambda: cloud.c.templates.get(project=cloud.project, instance_template=name),
+        lambda: cloud.c.templates.insert_unary(
+            project=cloud.project,
+            instance_template_resource=compute_v1.InstanceTemplate(
+                name=name, description=cloud.description, properties=instance_properties(cloud, pool, "compute")
+            ),
+        ),
+    )
+
+
+def create_head_nodes(cloud):
+    from google.cloud import compute_v1
+
+    controller_pool = {
+        "id": "ctl",
+        "machine_spec": {"machine_type": settings.GCE_CONTROLLER_MACHINE_TYPE},
+        "boot_disk": {"boot_disk_type": "pd-ssd", "boot_disk_size_gb": 100},
+    }
+    heads = [(cloud.n.controller, controller_pool, "controller", "ctl")]
+    login_id = cloud.login_pool["id"]
+    for i in range(pool_node_count(cloud.login_pool)):
+        heads.append((cloud.n.instance(f"{login_id}-{i}"), cloud.login_pool, "login", f"{login_id}-{i}"))
+    for name, pool, role, node in heads:
+        properties = instance_properties(cloud, pool, role)
+        instance = compute_v1.Instance(
+            name=name,
+            machine_type=f"zones/{cloud.zone}/machineTypes/{properties.machine_type}",
+            labels={**properties.labels, "tcc-node": node},
+            tags=properties.tags,
+            disks=properties.disks,
+            network_interfaces=properties.network_interfaces,
+            scheduling=properties.scheduling,
+            metadata=compute_v1.Metadata(items=[*properties.metadata.items, *slurm_conf.slurm_items(cloud)]),
+            description=cloud.description,
+        )
+        cloud.ensure(
+            f"instance {name}",
+            lambda n=name: cloud.c.instances.get(project=cloud.project, zone=cloud.zone, instance=n),
+            lambda i=instance: cloud.c.instances.insert_unary(
+                project=cloud.project, zone=cloud.zone, instance_resource=i
+            ),
+        )
+
+
+def reset_instance(cloud, node):
+    """Reset a running instance; start one that has stopped (a reset needs a running machine)."""
+    from google.api_core import exceptions
+
+    name = cloud.n.instance(node)
+    instance = cloud.get(lambda: cloud.c.instances.get(project=cloud.project, zone=cloud.zone, instance=name))
+    stopped = instance is not None and instance.status != "RUNNING"
+    action = cloud.c.instances.start_unary if stopped else cloud.c.instances.reset_unary
+    try:
+        operation = action(project=cloud.project, zone=cloud.zone, instance=name)
+    except exceptions.NotFound:
+        raise PermanentBackendError(f"cannot reboot {node}: instance {name} does not exist") from None
+    except exceptions.GoogleAPICallError as exc:
+        raise map_api_error(exc, f"resetting {name}") from None
+    cloud.wait(operation, f"resetting {name}")
+    wait_running(cloud)
+
+
+def recreate_instance(cloud, node):
+    """A fresh boot disk from the pool's template: delete the instance, bulkInsert it again."""
+    found = cloud.cluster.nodes.select_related("node_pool").get(name=node)
+    pool = next(p for p in cloud.compute_pools if p["id"] == found.node_pool.pool_id)
+    delete_each(cloud, [i for i in list_instances(cloud, pool["id"]) if i.name == cloud.n.instance(node)])
+    create_workers(cloud, pool)
+    wait_running(cloud)
+
+
+def list_instances(cloud, pool_id=None):
+    from google.api_core import exceptions
+
+    expression = f'labels.{OWNER_LABEL} = "{cloud.n.prefix}"'
+    if pool_id:
+        expression += f' AND labels.tcc-pool = "{pool_id}"'
+    try:
+        from google.cloud import compute_v1
+
+        request = compute_v1.ListInstancesRequest(project=cloud.project, zone=cloud.zone, filter=expression)
+        return list(cloud.c.instances.list(request=request))
+    except exceptions.GoogleAPICallError as exc:
+        raise map_api_error(exc, "listing instances") from None
+
+
+def wanted_workers(cloud, pool_id):
+    return list(
+        cloud.cluster.nodes.filter(node_pool__pool_id=pool_id, state__in=NodeState.wanted()).values_list(
+            "name", flat=True
+        )
+    )
+
+
+def create_workers(cloud, pool):
+    """One bulkInsert for every missing node of the pool; a partial success is topped up, not redone."""
+    from google.api_core import exceptions
+    from google.cloud import compute_v1
+
+    wanted = {cloud.n.instance(node): node for node in wanted_workers(cloud, pool["id"])}
+    missing = sorted(set(wanted) - {i.name for i in list_instances(cloud, pool["id"])})
+    if not missing:
+        return
+    template = f"projects/{cloud.project}/global/instanceTemplates/{cloud.n.template(pool['id'])}"
+    request = compute_v1.BulkInsertInstanceResource(
+        count=len(missing),
+        min_count=len(missing),
+        source_instance_template=template,
+        per_instance_properties={
+            name: compute_v1.BulkInsertInstanceResourcePerInstanceProperties(name=name) for name in missing
+        },
+    )
+    try:
+        operation = cloud.c.instances.bulk_insert_unary(
+            project=cloud.project, zone=cloud.zone, bulk_insert_instance_resource_resource=request
+        )
+        cloud.wait(operation, f"bulkInsert of {len(missing)} {pool['id']} nodes")
+    except exceptions.GoogleAPICallError as exc:
+        raise map_api_error(exc, f"bulkInsert of {pool['id']} nodes") from None
+    except TransientBackendError as exc:
+        still = sorted(set(wanted) - {i.name for i in list_instances(cloud, pool["id"])})
+        created = len(missing) - len(still)
+        raise TransientBackendError(
+            f"{exc} ({created} of {len(missing)} {pool['id']} nodes created; the rest will be retried)"
+        ) from None
+
+
+def delete_removed_workers(cloud):
+    leaving = set(cloud.cluster.nodes.filter(state=NodeState.DELETING).values_list("name", flat=True))
+    doomed = [
+        i
+        for i in list_instances(cloud)
+        if i.labels.get("tcc-node") in leaving or i.name in {cloud.n.instance(n) for n in leaving}
+    ]
+    delete_each(cloud, doomed)
+
+
+def delete_each(cloud, instances):
+    """Send every delete first, then watch the list shrink: one list call per poll, not one wait per node."""
+    from google.api_core import exceptions
+
+    operations = {}
+    for instance in instances:
+        if not cloud.owned(instance):
+            continue
+        try:
+            operations[instance.name] = cloud.c.instances.delete_unary(
+                project=cloud.project, zone=cloud.zone, instance=instance.name
+            )
+        except exceptions.NotFound:
+            continue
+        except exceptions.GoogleAPICallError as exc:
+            raise map_api_error(exc, f"deleting {instance.name}") from None
+    deadline = time.monotonic() + settings.GCE_OPERATION_TIMEOUT
+    remaining = set(operations)
+    while remaining:
+        remaining &= {i.name for i in list_instances(cloud)}
+        if not remaining:
+            return
+        if time.monotonic() > deadline:
+            for name in sorted(remaining)[:3]:
+                cloud.wait(operations[name], f"deleting {name}")  # raises the operation's own error
+            raise TransientBackendError(f"{len(remaining)} instances are still being deleted")
+        heartbeat(f"{len(remaining)} instances still being deleted")
+        time.sleep(settings.GCE_POLL_INTERVAL)
+
+
+def wait_running(cloud):
+    wanted = {
+        cloud.n.instance(node.name)
+        for node in cloud.cluster.wanted_nodes().select_related("node_pool")
+        if node.node_pool.role == NodeRole.COMPUTE
+    }
+    deadline = time.monotonic() + settings.GCE_OPERATION_TIMEOUT
+    while True:
+        running = {i.name for i in list_instances(cloud) if i.status == "RUNNING"}
+        missing = wanted - running
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise TransientBackendError(
+                f"{len(missing)} instances are not running yet: {', '.join(sorted(missing)[:5])}"
+            )
+        heartbeat(f"{len(wanted) - len(missing)}/{len(wanted)} instances running")
+        time.sleep(settings.GCE_POLL_INTERVAL)
+
+
+def delete_instances(cloud):
+    delete_each(cloud, list_instances(cloud))
+
+
+def delete_templates(cloud):
+    for pool in cloud.compute_pools:
+        name = cloud.n.template(pool["id"])
+        cloud.remove(
+            f"instance template {name}",
+            lambda n=name: cloud.c.templates.get(project=cloud.project, instance_template=n),
+            lambda n=name: cloud.c.templates.delete_unary(project=cloud.project, instance_template=n),
+        )
+        if is_gpu_pool(pool):
+            policy = cloud.n.placement(pool["id"])
+            cloud.remove(
+                f"placement policy {policy}",
+                lambda p=policy: cloud.c.policies.get(project=cloud.project, region=cloud.region, resource_policy=p),
+                lambda p=policy: cloud.c.policies.delete_unary(
+                    project=cloud.project, region=cloud.region, resource_policy=p
+                ),
+            )

@@ -1,0 +1,223 @@
+"""Slurm on a gce cluster's VMs: slurm.conf rendered from the spec, the startup script, the metadata
+the controller's agent reads (slurm.conf, node admin states) and the munge key in Secret Manager."""
+
+import json
+from pathlib import Path
+
+from ...choices import NodeRole
+from ...spec import pool_node_count
+from ...spec.catalog import machine_type_info
+from ...work import PermanentBackendError, TransientBackendError
+from .errors import map_api_error
+from .names import is_gpu_pool
+
+# The controller's metadata key holding {node: {"state", "reason"}}, which its agent applies with scontrol.
+NODE_STATES = "tcc-node-states"
+
+
+def slurm_items(cloud):
+    """Metadata the controller and login nodes read: slurm.conf and the spec's prolog and epilog."""
+    from google.cloud import compute_v1
+
+    slurm = cloud.spec["orchestrator_spec"]["slurm_spec"]
+    return [
+        compute_v1.Items(key="slurm-conf", value=render(cloud)),
+        compute_v1.Items(key="slurm-prolog", value="\n\n".join(slurm.get("prolog_bash_scripts", []))),
+        compute_v1.Items(key="slurm-epilog", value="\n\n".join(slurm.get("epilog_bash_scripts", []))),
+    ]
+
+
+def head_names(cloud):
+    login_id = cloud.login_pool["id"]
+    return [
+        cloud.n.controller,
+        *(cloud.n.instance(f"{login_id}-{i}") for i in range(pool_node_count(cloud.login_pool))),
+    ]
+
+
+def update_slurm_conf(cloud):
+    """After a resize, give the controller and login nodes the new node list (their agent reconfigures)."""
+    wanted = {item.key: item.value for item in slurm_items(cloud)}
+    for name in head_names(cloud):
+        change_metadata(cloud, name, lambda items: {**items, **wanted}, f"updating slurm.conf on {name}")
+
+
+def set_node_state(cloud, node, state, reason):
+    """Record the node's wanted Slurm admin state in the controller's metadata; its agent runs
+    `scontrol update nodename=NODE state=STATE reason=REASON` on each change."""
+
+    def change(items):
+        states = json.loads(items.get(NODE_STATES) or "{}")
+        states[node] = {"state": state, "reason": reason[:100]}
+        return {**items, NODE_STATES: json.dumps(states, sort_keys=True)}
+
+    what = f"{state.lower()} {node}"
+    if not change_metadata(cloud, cloud.n.controller, change, what):
+        raise PermanentBackendError(f"{what}: the controller {cloud.n.controller} does not exist")
+
+
+def change_metadata(cloud, name, change, what):
+    """Apply `change(items) -> items` to an instance's metadata with Compute's fingerprint check,
+    reading again when a concurrent change moved it. False when the instance does not exist."""
+    from google.api_core import exceptions
+    from google.cloud import compute_v1
+
+    for _ in range(3):
+        instance = cloud.get(lambda: cloud.c.instances.get(project=cloud.project, zone=cloud.zone, instance=name))
+        if instance is None:
+            return False
+        items = {item.key: item.value for item in instance.metadata.items}
+        wanted = change(items)
+        if wanted == items:
+            return True
+        metadata = compute_v1.Metadata(
+            fingerprint=instance.metadata.fingerprint,
+            items=[compute_v1.Items(key=k, value=v) for k, v in wanted.items()],
+        )
+        try:
+            operation = cloud.c.instances.set_metadata_unary(
+                project=cloud.project, zone=cloud.zone, instance=name, metadata_resource=metadata
+            )
+        except exceptions.PreconditionFailed:
+            continue
+        except exceptions.GoogleAPICallError as exc:
+            raise map_api_error(exc, what) from None
+        cloud.wait(operation, what)
+        return True
+    raise TransientBackendError(f"{what}: the instance's metadata kept changing; will retry")
+
+
+def secret_name(cloud):
+    return f"projects/{cloud.project}/secrets/{cloud.n.munge_secret}"
+
+
+def create_munge_secret(cloud):
+    """A random munge key in Secret Manager, read by every node at boot; it never leaves Google."""
+    import secrets as random_source
+
+    from google.api_core import exceptions
+    from google.cloud import secretmanager_v1
+
+    secret = cloud.get(lambda: cloud.c.secrets.get_secret(name=secret_name(cloud)))
+    if secret is None:
+        try:
+            secret = cloud.c.secrets.create_secret(
+                parent=f"projects/{cloud.project}",
+                secret_id=cloud.n.munge_secret,
+                secret=secretmanager_v1.Secret(
+                    replication=secretmanager_v1.Replication(automatic=secretmanager_v1.Replication.Automatic()),
+                    labels=cloud.labels,
+                ),
+            )
+        except exceptions.GoogleAPICallError as exc:
+            raise map_api_error(exc, "creating the munge key secret") from None
+    elif not cloud.owned(secret):
+        raise PermanentBackendError(f"secret {cloud.n.munge_secret} already exists and was not created by this cluster")
+    versions = list(cloud.c.secrets.list_secret_versions(parent=secret_name(cloud)))
+    if not versions:
+        cloud.c.secrets.add_secret_version(
+            parent=secret_name(cloud), payload=secretmanager_v1.SecretPayload(data=random_source.token_bytes(1024))
+        )
+
+
+def delete_munge_secret(cloud):
+    from google.api_core import exceptions
+
+    secret = cloud.get(lambda: cloud.c.secrets.get_secret(name=secret_name(cloud)))
+    if secret is None or not cloud.owned(secret):
+        return
+    try:
+        cloud.c.secrets.delete_secret(name=secret_name(cloud))
+    except exceptions.NotFound:
+        return
+
+
+def render(cloud):
+    """slurm.conf for the VMs: configless slurmd, one NodeName line per node, the spec's scheduling."""
+    slurm = cloud.spec["orchestrator_spec"]["slurm_spec"]
+    scheduling = slurm.get("scheduling") or {}
+    lines = [
+        "# Written by the console's gce backend; the controller's agent reloads it when it changes.",
+        f"ClusterName={cloud.n.prefix.replace('-', '')[:40]}",
+        f"SlurmctldHost={cloud.n.controller}",
+        "SlurmctldParameters=enable_configless",
+        "AuthType=auth/munge",
+        "ProctrackType=proctrack/cgroup",
+        "TaskPlugin=task/cgroup,task/affinity",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "GresTypes=gpu",
+        "ReturnToService=2",
+        "JobRequeue=1",
+        "StateSaveLocation=/var/spool/slurmctld",
+        "SlurmdSpoolDir=/var/spool/slurmd",
+    ]
+    if slurm.get("prolog_bash_scripts"):
+        lines.append("Prolog=/etc/slurm/prolog.sh")
+    if slurm.get("epilog_bash_scripts"):
+        lines.append("Epilog=/etc/slurm/epilog.sh")
+    enforce = (slurm.get("accounting") or {}).get("accounting_storage_enforce")
+    if enforce:
+        lines.append(f"AccountingStorageEnforce={enforce}")
+    keys = {
+        "priority_type": "PriorityType",
+        "preempt_type": "PreemptType",
+        "preempt_mode": "PreemptMode",
+        "preempt_exempt_time": "PreemptExemptTime",
+        "priority_weight_age": "PriorityWeightAge",
+        "priority_weight_assoc": "PriorityWeightAssoc",
+        "priority_weight_fairshare": "PriorityWeightFairshare",
+        "priority_weight_job_size": "PriorityWeightJobSize",
+        "priority_weight_partition": "PriorityWeightPartition",
+        "priority_weight_qos": "PriorityWeightQOS",
+        "priority_weight_tres": "PriorityWeightTRES",
+    }
+    lines += [f"{conf}={scheduling[key]}" for key, conf in keys.items() if key in scheduling]
+    lines.append("")
+    wanted = {}
+    for node in cloud.cluster.wanted_nodes().select_related("node_pool"):
+        if node.node_pool.role == NodeRole.COMPUTE:
+            wanted.setdefault(node.node_pool.pool_id, []).append(node.name)
+    for pool in cloud.compute_pools:
+        info = machine_type_info(pool["machine_spec"]["machine_type"])
+        gpus = int(pool["machine_spec"].get("accelerator_count") or 0)
+        for node in sorted(wanted.get(pool["id"], []), key=lambda n: int(n.rsplit("-", 1)[1])):
+            memory = int(info.memory_gb * 1024 * 0.9)  # leave the OS a tenth
+            line = f"NodeName={node} NodeHostname={cloud.n.instance(node)} CPUs={info.vcpus} RealMemory={memory}"
+            lines.append(line + (f" Gres=gpu:{gpus}" if gpus else "") + " State=UNKNOWN")
+    lines.append("")
+    for i, partition in enumerate(slurm["partitions"]):
+        nodes = [n for pool_id in partition["node_pool_ids"] for n in wanted.get(pool_id, [])]
+        if nodes:
+            gpu = any(is_gpu_pool(p) for p in cloud.compute_pools if p["id"] in partition["node_pool_ids"])
+            lines.append(
+                f"PartitionName={partition['id']} Nodes={','.join(nodes)} Default={'YES' if i == 0 else 'NO'} "
+                f"MaxTime=INFINITE State=UP{' OverSubscribe=EXCLUSIVE' if gpu else ''}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+STARTUP = Path(__file__).resolve().parent / "startup.sh"
+
+
+def startup_script(cloud, pool, role):
+    """The node's startup script: install Slurm, join the controller, mount /home, Lustre and buckets."""
+    storage = cloud.storage
+    mounts = [
+        f"{b['bucket']} {b['mount_point']} {','.join(b.get('mount_options', []))}"
+        for b in storage.get("gcs_buckets", [])
+    ]
+    values = {
+        "ROLE": role,
+        "CLUSTER": cloud.n.prefix,
+        "CONTROLLER": cloud.n.controller,
+        "HOME_SHARE": f"{cloud.n.filestore}:/home" if storage.get("filestore_home") else "",
+        "LUSTRE": cloud.n.lustre if storage.get("lustre") else "",
+        "LUSTRE_MOUNT": (storage.get("lustre") or {}).get("mount_point", "/lustre"),
+        "GCS_MOUNTS": ";".join(mounts),
+        "USER_SCRIPT": pool.get("startup_script", ""),
+    }
+    text = STARTUP.read_text()
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", value.replace("'", "'\\''"))
+    return text

@@ -1,0 +1,69 @@
+"""A gce cluster's storage: the Filestore /home and the Managed Lustre file system; and their removal."""
+
+from .errors import map_api_error
+
+
+def create_filestore(cloud):
+    from google.cloud import filestore_v1
+
+    home = cloud.storage["filestore_home"]
+    parent = f"projects/{cloud.project}/locations/{cloud.zone}"
+    name = f"{parent}/instances/{cloud.n.filestore}"
+    cloud.ensure_lro(
+        f"Filestore {cloud.n.filestore}",
+        lambda: cloud.c.filestore.get_instance(name=name),
+        lambda: cloud.c.filestore.create_instance(
+            parent=parent,
+            instance_id=cloud.n.filestore,
+            instance=filestore_v1.Instance(
+                tier=home["tier"],
+                labels=cloud.labels,
+                file_shares=[filestore_v1.FileShareConfig(name="home", capacity_gb=int(home["capacity_gb"]))],
+                networks=[
+                    filestore_v1.NetworkConfig(
+                        network=cloud.network_name, connect_mode="PRIVATE_SERVICE_ACCESS", modes=["MODE_IPV4"]
+                    )
+                ],
+            ),
+        ),
+    )
+
+
+def create_lustre(cloud):
+    from google.cloud import lustre_v1
+
+    lustre = cloud.storage["lustre"]
+    parent = f"projects/{cloud.project}/locations/{cloud.zone}"
+    name = f"{parent}/instances/{cloud.n.lustre}"
+    cloud.ensure_lro(
+        f"Managed Lustre {cloud.n.lustre}",
+        lambda: cloud.c.lustre.get_instance(name=name),
+        lambda: cloud.c.lustre.create_instance(
+            parent=parent,
+            instance_id=cloud.n.lustre,
+            instance=lustre_v1.Instance(
+                filesystem="lustrefs",
+                capacity_gib=int(lustre["capacity_gb"]),
+                per_unit_storage_throughput=int(lustre["performance_tier"]),
+                network=cloud.network_url,
+                labels=cloud.labels,
+            ),
+        ),
+    )
+
+
+def delete_storage(cloud):
+    from google.api_core import exceptions
+
+    parent = f"projects/{cloud.project}/locations/{cloud.zone}"
+    for client, name in ((cloud.c.lustre, cloud.n.lustre), (cloud.c.filestore, cloud.n.filestore)):
+        full = f"{parent}/instances/{name}"
+        existing = cloud.get(lambda c=client, f=full: c.get_instance(name=f))
+        if existing is None or not cloud.owned(existing):
+            continue
+        try:
+            client.delete_instance(name=full)
+        except exceptions.NotFound:
+            continue
+        except exceptions.GoogleAPICallError as exc:
+            raise map_api_error(exc, name) from None

@@ -1,0 +1,214 @@
+"""A local cluster's daemons: its munged, slurmctld, one slurmd per node and slurmrestd.
+
+Processes are found by their command line (the conf path and `-N <node>`), so a rerun of any step
+never starts a second daemon. Every wait is a heartbeat of the step it runs in.
+"""
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+from django.conf import settings
+
+from ... import processes
+from ...slurm.client import parse_sinfo, run_client, scontrol_fields
+from ...work import PermanentBackendError, TransientBackendError, heartbeat
+from ..base import Backend
+from . import conf
+from .ports import port_is_free
+
+
+def start_munged(paths):
+    if processes.find_pids("munged", str(paths.munge_socket)):
+        return
+    result = processes.start_daemon(
+        [
+            processes.program("munged"),
+            "--force",
+            f"--socket={paths.munge_socket}",
+            f"--key-file={paths.munge_key}",
+            f"--pid-file={paths.munge_dir / 'munged.pid'}",
+            f"--log-file={paths.logs / 'munged.log'}",
+            f"--seed-file={paths.munge_dir / 'munged.seed'}",
+        ],
+        cwd=paths.root,
+    )
+    if not processes.wait_for(paths.munge_socket.exists, timeout=10, waiting_for="munged"):
+        raise TransientBackendError(f"munged did not start: {result.stderr.strip() or 'no socket after 10 s'}")
+
+
+def start_slurmctld(cluster, paths):
+    """Start slurmctld, or restart it if it runs with an older node list (Slurm 22.05 needs that)."""
+    digest = conf.digest(paths)
+    running = processes.find_pids("slurmctld", str(paths.conf))
+    if running and cluster.backend_state.get("slurmctld_conf") == digest:
+        return
+    if running:
+        processes.stop(running)
+    result = processes.start_daemon([processes.program("slurmctld"), "-f", str(paths.conf)], cwd=paths.root)
+    if result.returncode != 0:
+        raise TransientBackendError(f"slurmctld failed to start: {result.stderr.strip()}")
+    if not processes.wait_for(lambda: controller_up(paths), timeout=30, interval=0.2, waiting_for="slurmctld"):
+        raise TransientBackendError(f"slurmctld is not answering; see {paths.logs / 'slurmctld.log'}")
+    Backend.save_state(cluster, slurmctld_conf=digest)
+
+
+def controller_up(paths):
+    result = run_client(paths.conf, "scontrol", "ping", timeout=5, check=False)
+    return "UP" in result.stdout
+
+
+def start_slurmd(cluster, paths, node):
+    if processes.find_pids("slurmd", str(paths.conf), node):
+        return
+    if settings.LOCAL_NODE_START_DELAY:
+        time.sleep(settings.LOCAL_NODE_START_DELAY)
+    (paths.spool / node).mkdir(parents=True, exist_ok=True)
+    result = processes.start_daemon([processes.program("slurmd"), "-f", str(paths.conf), "-N", node], cwd=paths.root)
+    if result.returncode != 0:
+        raise TransientBackendError(f"slurmd {node} failed to start: {result.stderr.strip()}")
+    started = cluster.backend_state.get("slurmd_conf", {})
+    Backend.save_state(cluster, slurmd_conf={**started, node: conf.digest(paths)})
+
+
+def stop_slurmd(paths, node):
+    processes.stop(processes.find_pids("slurmd", str(paths.conf), node))
+
+
+def stop_all(paths):
+    """The delete steps' work, in order: slurmrestd, every slurmd, slurmctld, munged."""
+    return [
+        ("slurmrestd", lambda: processes.stop(processes.find_pids("slurmrestd", str(paths.conf)))),
+        ("slurmd on every node", lambda: processes.stop(processes.find_pids("slurmd", str(paths.conf)))),
+        ("slurmctld", lambda: processes.stop(processes.find_pids("slurmctld", str(paths.conf)))),
+        ("munged", lambda: processes.stop(processes.find_pids("munged", str(paths.munge_socket)))),
+    ]
+
+
+def reconfigure(cluster, paths, names):
+    """Make slurmds started with an older slurm.conf read the new one."""
+    digest = conf.digest(paths)
+    started = {n: d for n, d in cluster.backend_state.get("slurmd_conf", {}).items() if n in names}
+    if all(value == digest for value in started.values()):
+        return
+    run_client(paths.conf, "scontrol", "reconfigure", timeout=30)
+    Backend.save_state(cluster, slurmd_conf=dict.fromkeys(started, digest))
+
+
+def wait_idle(paths, names):
+    """Wait until every node in `names` is up in Slurm (registered, answering)."""
+
+    def not_ready():
+        statuses = {s.name: s for s in parse_sinfo(run_client(paths.conf, "sinfo", "--json").stdout)}
+        return {
+            name: statuses[name].display_state if name in statuses else "missing"
+            for name in names
+            if name not in statuses or not statuses[name].is_up
+        }
+
+    deadline = time.monotonic() + settings.LOCAL_NODE_IDLE_TIMEOUT
+    waiting = not_ready()
+    while waiting and time.monotonic() < deadline:
+        heartbeat(f"{len(names) - len(waiting)}/{len(names)} nodes up")
+        time.sleep(0.2)
+        waiting = not_ready()
+    if waiting:
+        detail = ", ".join(f"{n}: {s}" for n, s in sorted(waiting.items()))
+        raise TransientBackendError(
+            f"nodes did not become idle within {settings.LOCAL_NODE_IDLE_TIMEOUT:.0f} s ({detail})"
+        )
+
+
+def node_fields(paths, node):
+    return scontrol_fields(paths.conf, "node", node)
+
+
+def slurmd_start_time(paths, node):
+    """When the node's current slurmd registered (scontrol's SlurmdStartTime), or "None"."""
+    return node_fields(paths, node).get("SlurmdStartTime", "None")
+
+
+def wait_registered(paths, node, before, steady=1.5):
+    """Wait until a new slurmd (registered after `before`) has answered for `steady` seconds: just
+    after registering, the controller may still flag the node NOT_RESPONDING for a moment (measured:
+    set within 0.4 s of the restart, cleared by 0.9 s), and a job sent then would fail."""
+    since = None
+
+    def registered():
+        nonlocal since
+        fields = node_fields(paths, node)
+        started = fields.get("SlurmdStartTime", "None")
+        if started in ("None", before) or "NOT_RESPONDING" in fields.get("State", ""):
+            since = None
+            return False
+        since = since or time.monotonic()
+        return time.monotonic() - since >= steady
+
+    if not processes.wait_for(
+        registered, timeout=settings.LOCAL_NODE_IDLE_TIMEOUT, interval=0.3, waiting_for=f"{node} to register"
+    ):
+        raise TransientBackendError(f"{node} did not register with slurmctld after its restart")
+
+
+def start_slurmrestd(cluster, paths):
+    """slurmrestd on 127.0.0.1 with JWT auth; it refuses to run as root, so it runs as nobody.
+
+    Only the slurm/v0.0.38 plugin is loaded: the slurmdb ones refuse to start without slurmdbd.
+    """
+    running = processes.find_pids("slurmrestd", str(paths.conf))
+    if running and cluster.backend_state.get("slurmrestd_conf") == conf.digest(paths):
+        return
+    processes.stop(running)
+    port = cluster.backend_state["ports"]["slurmrestd"]
+    log = open(paths.logs / "slurmrestd.log", "ab")  # noqa: SIM115 - handed to the daemon
+    # setsid -f: slurmrestd runs in the foreground; the extra fork leaves no zombie in the worker.
+    subprocess.Popen(
+        [
+            "setsid",
+            "-f",
+            processes.program("slurmrestd"),
+            "-f",
+            str(paths.conf),
+            "-a",
+            "rest_auth/jwt",
+            "-s",
+            "openapi/v0.0.38",
+            "-u",
+            "nobody",
+            f"127.0.0.1:{port}",
+        ],
+        env={"SLURM_JWT": "daemon", "SLURM_CONF": str(paths.conf), "PATH": "/usr/bin:/bin"},
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=paths.root,
+    )
+    if not processes.wait_for(lambda: not port_is_free(port), timeout=15, waiting_for="slurmrestd"):
+        raise TransientBackendError(f"slurmrestd did not start; see {paths.logs / 'slurmrestd.log'}")
+    Backend.save_state(cluster, slurmrestd_conf=conf.digest(paths))
+
+
+def call_slurm_rest(cluster, paths, method, path, body=None):
+    """Forward one request to the cluster's slurmrestd as root, with a short-lived JWT."""
+    port = cluster.backend_state.get("ports", {}).get("slurmrestd")
+    if not port:
+        raise PermanentBackendError("this cluster has no slurmrestd (it was created before slurmrestd was added)")
+    token = run_client(paths.conf, "scontrol", "token", "username=root", "lifespan=300").stdout.strip()
+    token = token.split("=", 1)[1] if token.startswith("SLURM_JWT=") else token
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=data,
+        method=method,
+        headers={"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": token, "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError as exc:
+        raise TransientBackendError(f"slurmrestd is not answering: {exc}") from None

@@ -1,0 +1,103 @@
+"""Where a local cluster lives: one folder per cluster under LOCAL_CLUSTERS_DIR, and its secrets."""
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from ...work import PermanentBackendError
+from . import preflight
+
+
+@dataclass(frozen=True)
+class ClusterPaths:
+    root: Path
+
+    @property
+    def conf(self):
+        return self.root / "slurm.conf"
+
+    @property
+    def secrets(self):
+        return self.root / "secrets"
+
+    @property
+    def munge_key(self):
+        return self.secrets / "munge.key"
+
+    @property
+    def jwt_key(self):
+        return self.secrets / "jwt_hs256.key"
+
+    @property
+    def munge_dir(self):
+        return self.root / "munge"
+
+    @property
+    def munge_socket(self):
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def state(self):
+        return self.root / "state"
+
+    @property
+    def spool(self):
+        return self.root / "spool"
+
+    @property
+    def logs(self):
+        return self.root / "log"
+
+    @property
+    def jobs(self):
+        """Where job output goes by default: the cluster's shared 'home'."""
+        return self.root / "home"
+
+    @property
+    def health_check(self):
+        return self.root / "healthcheck.sh"
+
+    @property
+    def faults(self):
+        return self.root / "faults"
+
+
+def paths_for(cluster):
+    return ClusterPaths(Path(settings.LOCAL_CLUSTERS_DIR) / f"c{cluster.pk}")
+
+
+def write_secret(path, size):
+    """A random key file, readable by root alone, written once (tmp + rename, so never half a key)."""
+    if path.exists():
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(secrets.token_bytes(size))
+    os.replace(tmp, path)
+
+
+def prepare(paths):
+    """Check this machine's Slurm, then make the cluster's folders and keys (idempotent)."""
+    missing = preflight.problem()
+    if missing:
+        raise PermanentBackendError(missing)
+    for folder in (paths.root, paths.munge_dir, paths.state, paths.spool, paths.logs, paths.jobs):
+        folder.mkdir(parents=True, exist_ok=True)
+    paths.munge_dir.chmod(0o755)
+    paths.secrets.mkdir(mode=0o700, exist_ok=True)
+    write_secret(paths.munge_key, 128)
+    write_secret(paths.jwt_key, 32)
+    blocked = [str(p) for p in paths.root.parents if p.stat().st_mode & 0o001 == 0]
+    if blocked:
+        # slurmrestd runs as nobody and must reach slurm.conf.
+        raise PermanentBackendError(
+            f"LOCAL_CLUSTERS_DIR must be reachable by every user; {blocked[0]} is not (chmod o+x)"
+        )
+    if len(str(paths.munge_socket)) > 100:
+        raise PermanentBackendError(
+            f"LOCAL_CLUSTERS_DIR is too deep for munge's socket ({paths.munge_socket}); choose a shorter path"
+        )

@@ -1,0 +1,25 @@
+"""The failure policy (policy.json): each failure's priority and its ladder of repair actions, and the
+drain-reason prefix by which the console recognises the nodes it took out of service."""
+
+import json
+from functools import cache
+from pathlib import Path
+
+REASON_PREFIX = "tcc "
+GAVE_UP = "gave up"
+
+
+@cache
+def policy():
+    return json.loads((Path(__file__).resolve().parent / "policy.json").read_text())["failures"]
+
+
+def worst(failures):
+    """The failure that wins when a node has several: the highest priority."""
+    return max(failures, key=lambda f: policy()[f]["priority"])
+
+
+def next_action(node, failure):
+    ladder = policy()[failure]["ladder"]
+    taken = node.repairs.get(failure, 0)
+    return ladder[taken] if taken < len(ladder) else None

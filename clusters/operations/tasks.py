@@ -1,0 +1,31 @@
+"""Thin Celery tasks over the engine; they take ids, never model instances.
+
+The task names are the ones these tasks had when they lived in clusters.tasks, so messages already
+queued by an older console still find them.
+"""
+
+from celery import shared_task
+from django.conf import settings
+
+from ..work import TransientBackendError
+from . import engine
+
+
+@shared_task(bind=True, name="clusters.tasks.run_operation_task", soft_time_limit=3600, time_limit=3700)
+def run_operation_task(self, operation_id, stale_after=None):
+    try:
+        engine.run(operation_id, stale_after=stale_after)
+    except TransientBackendError as exc:
+        if self.request.retries >= settings.OPERATION_MAX_RETRIES:
+            engine.fail(operation_id, f"{exc} (gave up after {self.request.retries + 1} attempts)")
+            return
+        raise self.retry(exc=exc, countdown=min(60, 2 ** (self.request.retries + 1))) from None
+
+
+@shared_task(name="clusters.tasks.resume_stale_operations", soft_time_limit=60)
+def resume_stale_operations(stale_after=None):
+    """Enqueue again every operation whose worker died or whose message was lost; returns their ids."""
+    ids = engine.stale(stale_after)
+    for pk in ids:
+        run_operation_task.delay(pk, stale_after=stale_after)
+    return ids

@@ -1,0 +1,61 @@
+"""Service functions: the one door pages, APIs, recipes and health use to ask anything of a cluster.
+
+requests.py   create (and dry run), drafts, update, delete: validate, then operations.start
+reach.py      what a page or recipe needs from the cluster's backend (shapes, plan, jobs, slurmrestd)
+live.py       Slurm's node states and job queue, kept in the database
+"""
+
+from .live import list_jobs, refresh_nodes
+from .reach import (
+    backend_choices,
+    backend_label,
+    call_slurm_rest,
+    cancel_job,
+    drain,
+    faults_dir,
+    gpus_per_node,
+    inject_fault,
+    job_status,
+    login_env,
+    node_shapes,
+    plan,
+    shared_dir,
+    submit_batch,
+)
+from .requests import (
+    create_cluster,
+    create_draft,
+    delete_cluster,
+    dry_run,
+    save_draft,
+    submit_draft,
+    update_cluster,
+    validate_request,
+)
+
+__all__ = [
+    "backend_choices",
+    "backend_label",
+    "call_slurm_rest",
+    "cancel_job",
+    "create_cluster",
+    "create_draft",
+    "delete_cluster",
+    "drain",
+    "dry_run",
+    "faults_dir",
+    "gpus_per_node",
+    "inject_fault",
+    "job_status",
+    "list_jobs",
+    "login_env",
+    "node_shapes",
+    "plan",
+    "refresh_nodes",
+    "save_draft",
+    "shared_dir",
+    "submit_batch",
+    "submit_draft",
+    "update_cluster",
+    "validate_request",
+]

@@ -1,0 +1,98 @@
+"""How pages, recipes and health reach a cluster's backend: these service functions, never a backend.
+
+Each asks the cluster's backend for one thing and turns a failure into a ConsoleError the surfaces
+know how to answer (a 503 when the cluster is not answering, a 409 when it cannot do that).
+"""
+
+from console.errors import Conflict, Unavailable
+
+from ..backends import all_backends, get_backend
+from ..choices import NodeRole
+from ..work import BackendError
+
+
+def backend_choices():
+    """{name: label} of the configured backends, the default first."""
+    return {name: backend.label for name, backend in all_backends().items()}
+
+
+def backend_label(cluster):
+    return get_backend(cluster.backend).label
+
+
+def node_shapes(cluster):
+    """[(pool, NodeShape or None)]: what each node of each pool really gets (compute pools only)."""
+    backend = get_backend(cluster.backend)
+    return [
+        (pool, backend.node_shape(cluster, pool) if pool.role == NodeRole.COMPUTE else None)
+        for pool in cluster.node_pools.prefetch_related("partitions")
+    ]
+
+
+def gpus_per_node(cluster, pool):
+    """The GPUs a node of `pool` really has on its backend (0 where GPUs are not emulated)."""
+    return get_backend(cluster.backend).node_shape(cluster, pool).gpus
+
+
+def plan(cluster):
+    """(kind, name, detail) of every resource a create of this draft would make."""
+    return get_backend(cluster.backend).plan(cluster.project, cluster.name, cluster.spec)
+
+
+def login_env(cluster):
+    return get_backend(cluster.backend).login_env(cluster)
+
+
+def shared_dir(cluster):
+    """The folder every node and the console see (the cluster's /home); Conflict where there is none."""
+    try:
+        return get_backend(cluster.backend).shared_dir(cluster)
+    except BackendError as exc:
+        raise Conflict(str(exc)) from None
+
+
+def submit_batch(cluster, script_path):
+    return call(cluster, "submit_batch", script_path)
+
+
+def job_status(cluster, job_id):
+    return call(cluster, "job_status", job_id)
+
+
+def cancel_job(cluster, job_id):
+    return call(cluster, "cancel_job", job_id)
+
+
+def drain(cluster, node, reason):
+    return call(cluster, "drain", node, reason)
+
+
+def call_slurm_rest(cluster, method, path, body=None):
+    """(HTTP status, raw body) of one request to the cluster's slurmrestd."""
+    return call(cluster, "call_slurm_rest", method, path, body)
+
+
+def inject_fault(cluster, node):
+    """Kill the node at once (its slurmd and job steps), where the backend can rehearse failures."""
+    backend = get_backend(cluster.backend)
+    if not backend.injects_faults:
+        raise Conflict(f"Fault injection is not available on the {backend.label} backend")
+    backend.kill_node(cluster, node)
+
+
+def faults_dir(cluster):
+    backend = get_backend(cluster.backend)
+    if not backend.injects_faults:
+        raise Conflict(f"Fault injection is not available on the {backend.label} backend")
+    return backend.faults_dir(cluster)
+
+
+def call(cluster, method, *args):
+    """backend.<method>(cluster, *args), with a transient failure as Unavailable (503) and a permanent
+    one as Conflict."""
+    try:
+        return getattr(get_backend(cluster.backend), method)(cluster, *args)
+    except BackendError as exc:
+        raise (Unavailable if exc.retryable else Conflict)(str(exc)) from None
+    except (OSError, ValueError) as exc:  # a daemon gone, an answer cut short
+        raise Unavailable(f"Slurm is not answering: {exc}") from None
