@@ -1,6 +1,11 @@
 """Personas, API clients and the real services (Redis, Celery worker, Slurm) the tests use.
 
 alice and bob are members of project "alpha"; charlie is an outsider with a project of his own.
+
+Test tiers are decided here, not by hand: a test whose fixtures include `slurm` is marked `slurm`,
+one whose fixtures include `redis_broker` (every Celery worker needs it) is marked `worker`, and a
+test that starts Slurm daemons without being marked fails. `pytest -m "not slurm and not worker"`
+is the fast loop (no daemon, no broker).
 """
 
 import os
@@ -9,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -168,11 +173,14 @@ class Worker:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 60
-        while "ready." not in Path(log_path).read_text():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"celery worker did not start:\n{Path(log_path).read_text()}")
-            time.sleep(0.2)
+        with suppress(AssertionError):
+            wait_until(
+                lambda: "ready." in Path(log_path).read_text() or self.process.poll() is not None,
+                timeout=60,
+                message="the celery worker to start",
+            )
+        if self.process.poll() is not None or "ready." not in Path(log_path).read_text():
+            raise RuntimeError(f"celery worker did not start:\n{Path(log_path).read_text()}")
 
     def kill(self):
         """SIGKILL, as a crashed machine would: no chance to ack or clean up."""
@@ -198,10 +206,46 @@ def celery_worker(redis_broker, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def slurm_cleanup():
-    """Stop every daemon of the test clusters and remove their directories when the module ends."""
+def slurm():
+    """Real Slurm daemons for this module's tests: every fixture that starts Slurm asks for this one, so
+    its tests are marked `slurm`; every daemon of the test clusters is stopped when the module ends."""
     yield
     stop_local_clusters()
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "slurm" in fixtures:
+            item.add_marker(pytest.mark.slurm)
+        if "redis_broker" in fixtures:
+            item.add_marker(pytest.mark.worker)
+
+
+def slurm_daemons():
+    """Pids of the test clusters' munged, slurmctld, slurmd and slurmrestd."""
+    root = str(settings.LOCAL_CLUSTERS_DIR)
+    names = {"munged", "slurmctld", "slurmd", "slurmrestd"}
+    return {
+        pid
+        for pid, argv in processes.command_lines()
+        if os.path.basename(argv[0]) in names and any(root in arg for arg in argv)
+    }
+
+
+@pytest.fixture(autouse=True)
+def slurm_only_when_marked(request):
+    """A test that starts Slurm must say so (ask for the `slurm` fixture): it fails otherwise, so the fast
+    loop never starts a daemon behind the developer's back."""
+    if request.node.get_closest_marker("slurm"):
+        yield
+        return
+    before = slurm_daemons()
+    yield
+    started = slurm_daemons() - before
+    if started:
+        processes.stop(sorted(started))
+        pytest.fail(f"{request.node.nodeid} started Slurm daemons but is not marked slurm: ask for the `slurm` fixture")
 
 
 @contextmanager

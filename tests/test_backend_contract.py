@@ -16,7 +16,7 @@ from clusters.operations import engine
 from .conftest import example_spec, stop_local_clusters
 from .fake_compute import FakeGoogleCloud
 
-pytestmark = [pytest.mark.django_db, pytest.mark.slurm]
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ class GceHarness:
         return found
 
 
-@pytest.fixture(params=["local", "gce"])
+@pytest.fixture(params=[pytest.param("local", marks=pytest.mark.slurm), "gce"])
 def harness(request, settings, alpha):
     if request.param == "local":
         yield LocalHarness()

@@ -11,7 +11,7 @@ import pytest
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker, pytest.mark.slurm]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make are still
 # plain synchronous calls, which Django would otherwise refuse inside a running loop.
@@ -47,7 +47,7 @@ def page(browser, live_server, alice, alpha):
     context.close()
 
 
-def test_alice_reaches_a_ready_cluster_from_a_reference_architecture(page, live_server, celery_worker, slurm_cleanup):
+def test_alice_reaches_a_ready_cluster_from_a_reference_architecture(page, live_server, celery_worker, slurm):
     page.goto(f"{live_server.url}/clusters/wizard/")
     form = page.locator("#reference-form")
     form.get_by_label("CPU only (n2)").check()

@@ -13,14 +13,14 @@ from clusters.health.faults import faults_dir
 from clusters.models import HealthResult, Operation
 from clusters.operations import engine
 
-from .conftest import api_client_for, module_cluster
+from .conftest import api_client_for, module_cluster, wait_until
 
 pytestmark = pytest.mark.django_db
 SCANS = "/api/v1/projects/hlab/clusters/train/scans/"
 
 
 @pytest.fixture(scope="module")
-def cluster(django_db_setup, django_db_blocker):
+def cluster(django_db_setup, django_db_blocker, slurm):
     with module_cluster(django_db_blocker, username="hana", project_slug="hlab") as found:
         yield found
 
@@ -95,7 +95,6 @@ def test_a_slow_node_is_a_straggler_against_the_fleet_median(hana_api, client, c
 
 
 def test_a_disk_fault_fails_the_disk_check_and_slurms_health_check_drains_the_node(hana_api, cluster):
-    import time
 
     from clusters.health import repair
 
@@ -104,10 +103,12 @@ def test_a_disk_fault_fails_the_disk_check_and_slurms_health_check_drains_the_no
     assert results[("cpu-0", "disk")].status == "fail"
     assert results[("cpu-1", "disk")].status == "pass"
     # HealthCheckProgram runs every 10 s on every node and drains cpu-0 itself; the console then repairs.
-    deadline = time.monotonic() + 30
-    while "disk" not in repair.detect(cluster).get("cpu-0", ("",))[0]:
-        assert time.monotonic() < deadline, "Slurm's health check never drained cpu-0"
-        time.sleep(1)
+    wait_until(
+        lambda: "disk" in repair.detect(cluster).get("cpu-0", ("",))[0],
+        timeout=30,
+        interval=1,
+        message="Slurm's health check to drain cpu-0",
+    )
     assert cluster.nodes.get(name="cpu-0").slurm_reason.startswith("tcc disk: spool 100% used")
     # The scan's failure already started the repair: the first rung of the disk ladder.
     operation = Operation.objects.filter(kind="REPAIR").latest("created")
@@ -125,7 +126,6 @@ def test_it_refuses_unknown_checks_and_outsiders(hana_api, charlie_api, cluster)
 
 def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same_loss(cluster):
     import json
-    import time
     from pathlib import Path
 
     from clusters.health import repair
@@ -138,10 +138,7 @@ def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same
         return runs.launch_run(cluster=cluster, data=data, user=owner)
 
     def wait(run, timeout=300):
-        deadline = time.monotonic() + timeout
-        while not runs.refresh_run(run).is_done:
-            assert time.monotonic() < deadline, f"run {run.uuid} is still {run.status}"
-            time.sleep(1)
+        wait_until(lambda: runs.refresh_run(run).is_done, timeout=timeout, interval=1, message=f"run {run.uuid}")
         return run
 
     def final_loss(run):
@@ -152,20 +149,20 @@ def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same
 
     run = launch()
     metrics = Path(run.work_dir) / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 25):
-        assert time.monotonic() < deadline, "the run never reached step 25"
-        time.sleep(0.5)
+    wait_until(
+        lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 25,
+        timeout=120,
+        interval=0.5,
+        message="the run to reach step 25",
+    )
     call_command("inject_fault", "hlab/train", "cpu-1", "kill_node", stdout=open("/dev/null", "w"))  # noqa: SIM115
 
     # Slurm marks the node down (SlurmdTimeout) and requeues the job; the console sees it and repairs.
-    deadline = time.monotonic() + 120
-    operation = None
-    while operation is None:
-        assert time.monotonic() < deadline, "the failed node was never detected"
-        time.sleep(1)
+    def repair_started():
         cluster.refresh_from_db()
-        operation = repair.watch(cluster)
+        return repair.watch(cluster)
+
+    operation = wait_until(repair_started, timeout=120, interval=1, message="the failed node to be detected")
     assert operation.params == {"node": "cpu-1", "failure": "unresponsive", "action": "reboot"}
     engine.run(operation.pk)
     operation.refresh_from_db()

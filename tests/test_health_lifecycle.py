@@ -28,7 +28,7 @@ API = "/api/v1/projects/rlab/clusters/train/"
 
 
 @pytest.fixture(scope="module")
-def cluster(django_db_setup, django_db_blocker):
+def cluster(django_db_setup, django_db_blocker, slurm):
     with module_cluster(django_db_blocker, username="rosa", project_slug="rlab") as found:
         yield found
 

@@ -21,7 +21,7 @@ NODES = ["cpu-0", "cpu-1", "cpu-2", "cpu-3"]
 
 
 @pytest.fixture(scope="module")
-def cluster(django_db_setup, django_db_blocker):
+def cluster(django_db_setup, django_db_blocker, slurm):
     with module_cluster(django_db_blocker, username="ivy", project_slug="netlab", cluster_name="fabric", cpu=4) as c:
         yield c
 

@@ -15,7 +15,7 @@ from clusters.models import Cluster, Operation
 
 from .conftest import example_spec, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slurm, pytest.mark.worker]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 CLUSTERS = "/api/v1/projects/alpha/clusters/"
 
@@ -44,7 +44,7 @@ def apply(api, spec):
     return Cluster.objects.get(name="demo")
 
 
-def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, slurm_cleanup, alice_api, client, alice):
+def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, slurm, alice_api, client, alice):
     response = alice_api.post(CLUSTERS, {"cluster_id": "demo", "spec": example_spec(cpu=2)}, format="json")
     assert response.status_code == 202
     operation = finished(response.json()["id"])
@@ -104,7 +104,7 @@ def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, sl
     assert processes.find_pids("munged", str(paths.munge_socket)) == []
 
 
-def test_it_replays_the_services_create_example_on_the_compatible_paths(celery_worker, slurm_cleanup, alice_api):
+def test_it_replays_the_services_create_example_on_the_compatible_paths(celery_worker, slurm, alice_api):
     from .test_compat_api import BASE, create
 
     operation = create(alice_api).json()

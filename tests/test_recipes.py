@@ -5,7 +5,6 @@ an outsider.
 """
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ RUNS = "/api/v1/projects/rlab/clusters/train/runs/"
 
 
 @pytest.fixture(scope="module")
-def train_cluster(django_db_setup, django_db_blocker):
+def train_cluster(django_db_setup, django_db_blocker, slurm):
     with module_cluster(django_db_blocker, username="rita", project_slug="rlab") as cluster:
         yield cluster
         from recipes import tensorboard
@@ -44,13 +43,11 @@ def launch(api, **body):
 
 
 def finished(api, run_id, timeout=240):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def done():
         body = api.get(f"{RUNS}{run_id}/").json()
-        if body["status"] in ("COMPLETED", "FAILED", "CANCELLED"):
-            return body
-        time.sleep(1)
-    raise AssertionError(f"run {run_id} did not finish in {timeout} s")
+        return body if body["status"] in ("COMPLETED", "FAILED", "CANCELLED") else None
+
+    return wait_until(done, timeout=timeout, interval=1, message=f"run {run_id} to finish")
 
 
 def losses(body):
@@ -174,10 +171,7 @@ def test_cancelling_a_run_cancels_its_slurm_job(rita_api, train_cluster):
     from clusters.backends import get_backend
 
     run = launch(rita_api, steps=100000).json()
-    deadline = time.monotonic() + 60
-    while rita_api.get(f"{RUNS}{run['id']}/").json()["status"] != "RUNNING":
-        assert time.monotonic() < deadline, "the run never started"
-        time.sleep(0.5)
+    wait_until(lambda: rita_api.get(f"{RUNS}{run['id']}/").json()["status"] == "RUNNING", message="the run to start")
     response = rita_api.post(f"{RUNS}{run['id']}/cancel/")
     assert response.status_code == 200
     assert response.json()["status"] == "CANCELLED"
@@ -255,10 +249,7 @@ def test_a_run_whose_job_fails_shows_its_failing_lines_and_exit_code(rita_api, c
 
     run = launch(rita_api, steps=100000, nodes=1).json()
     metrics = Path(run["work_dir"]) / "metrics.jsonl"
-    deadline = time.monotonic() + 60
-    while not metrics.exists():
-        assert time.monotonic() < deadline, "the run never logged a step"
-        time.sleep(0.5)
+    wait_until(metrics.exists, message="the run to log a step")
     # The training process dies (as on a hardware fault): srun reports it and the job fails.
     config = str(Path(run["work_dir"]) / "config.json")
     trainers = [pid for pid, argv in processes.command_lines() if config in argv and "srun" not in Path(argv[0]).name]

@@ -12,10 +12,10 @@ from clusters.choices import ClusterStatus, OperationStatus
 from .conftest import Worker, example_spec, purge_queue, wait_until
 from .test_provisioning import finished, idle_nodes, slurmd_pids
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slurm, pytest.mark.worker]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_rerun_after_a_killed_worker_creates_nothing_twice(redis_broker, slurm_cleanup, alice, alpha, tmp_path):
+def test_a_rerun_after_a_killed_worker_creates_nothing_twice(redis_broker, slurm, alice, alpha, tmp_path):
     purge_queue(redis_broker)
     # Slow slurmd starts down so the worker can be killed between two of them.
     first = Worker(tmp_path / "first.log", LOCAL_NODE_START_DELAY=1.5)
