@@ -97,6 +97,7 @@ def test_it_polls_the_operation_until_it_is_done(alice_web, demo):
     running = alice_web.get("/clusters/alpha/demo/operation/", HTTP_HX_REQUEST="true")
     assert running.status_code == 200
     assert b"waiting for a worker" in running.content
+    assert b"<strong>Create</strong>" in running.content  # the kind's label, from the engine's registry
     Operation.objects.update(status=OperationStatus.SUCCEEDED, progress=100)
     finished = alice_web.get("/clusters/alpha/demo/operation/", HTTP_HX_REQUEST="true")
     assert finished.status_code == 286  # htmx stops polling
