@@ -44,4 +44,4 @@ fi
 redis-cli -p "$REDIS_PORT" ping >/dev/null
 
 # Fail here, in one line, rather than later behind a daemon's timeout.
-.venv/bin/python -m clusters.backends.local.preflight
+.venv/bin/python -c "import sys; from clusters.backends.local.preflight import main; sys.exit(main())"

@@ -2,8 +2,8 @@
 
 A missing plugin otherwise shows up late and far away: slurmctld with `AuthAltTypes=auth/jwt` but no
 `auth_jwt.so` logs `cannot find auth plugin for auth/jwt` and exits, and the create waits for a
-controller that never answers. `scripts/bootstrap.sh` runs this module after installing packages
-(`python -m clusters.backends.local.preflight`), and a local cluster's first step calls `problem()`.
+controller that never answers. `scripts/bootstrap.sh` runs `main()` after installing packages, and a
+local cluster's first step calls `problem()`.
 """
 
 import glob
@@ -63,12 +63,10 @@ def problem():
     found = missing()
     if not found:
         return ""
-    where = ", ".join(plugin_dirs()) or "no Slurm plugin folder found"
+    dirs = plugin_dirs()
+    where = f"plugins looked for in {', '.join(dirs)}" if dirs else "no Slurm plugin folder on this machine"
     packages = " ".join(sorted(set(found.values())))
-    return (
-        f"the local backend cannot run Slurm here: {', '.join(found)} missing (plugins looked for in {where}); "
-        f"apt-get install {packages}"
-    )
+    return f"the local backend cannot run Slurm here: {', '.join(found)} missing ({where}); apt-get install {packages}"
 
 
 def main():
@@ -76,7 +74,3 @@ def main():
     if line:
         print(line, file=sys.stderr)
     return 1 if line else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
