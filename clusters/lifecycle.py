@@ -8,7 +8,7 @@ an extension leaves its verdict in the checkpoint under "verdict" ({"failing", "
 
 from .choices import ClusterStatus, EventLevel, NodeState, OperationKind
 from .events import record_event
-from .operations import Kind, register
+from .operations import Kind, kind, register
 from .topology import settle_nodes
 
 TYPE = "ModelDevelopmentClusterOperationMetadata"
@@ -31,8 +31,9 @@ def compute_nodes_sentence(cluster):
     return f"{count} compute node{'s' if count != 1 else ''} idle in Slurm"
 
 
-def settle(ctx, busy):
+def settle(ctx):
     """The last step is done: nodes settle, and the cluster is READY, or VERIFYING on a failing verdict."""
+    busy = kind(ctx.operation.kind).busy_status
     verdict = ctx.checkpoint.get("verdict") or {}
     settle_nodes(ctx.cluster)
     if verdict.get("failing"):
@@ -55,18 +56,15 @@ def announce(ctx, done, ready):
         record_event(cluster, f"{ready}: {nodes}{verdict.get('note', '')}", operation=ctx.operation)
 
 
-def create_failed(ctx, message):
-    ctx.cluster.set_status(ClusterStatus.FAILED, expected=[ClusterStatus.PROVISIONING], message=message)
-    ctx.cluster.wanted_nodes().filter(state=NodeState.PROVISIONING).update(state=NodeState.FAILED)
+def failed(status):
+    """An on_failure hook: the cluster leaves the kind's busy status for `status` (with the error as its
+    message), and the nodes the operation was bringing up are FAILED."""
 
+    def hook(ctx, message):
+        ctx.cluster.set_status(status, expected=[kind(ctx.operation.kind).busy_status], message=message)
+        ctx.cluster.wanted_nodes().filter(state=NodeState.PROVISIONING).update(state=NodeState.FAILED)
 
-def update_failed(ctx, message):
-    ctx.cluster.set_status(ClusterStatus.DEGRADED, expected=[ClusterStatus.UPDATING], message=message)
-    ctx.cluster.wanted_nodes().filter(state=NodeState.PROVISIONING).update(state=NodeState.FAILED)
-
-
-def delete_failed(ctx, message):
-    ctx.cluster.set_status(ClusterStatus.FAILED, expected=[ClusterStatus.DELETING], message=message)
+    return hook
 
 
 def deleted(ctx):
@@ -83,9 +81,9 @@ register(
         busy_status=ClusterStatus.PROVISIONING,
         prepare=mark_provisioning,
         steps=apply_steps,
-        on_success=lambda ctx: settle(ctx, ClusterStatus.PROVISIONING),
+        on_success=settle,
         after_success=lambda ctx: announce(ctx, "Cluster provisioned", "Cluster ready"),
-        on_failure=create_failed,
+        on_failure=failed(ClusterStatus.FAILED),
     )
 )
 register(
@@ -97,9 +95,9 @@ register(
         busy_status=ClusterStatus.UPDATING,
         prepare=mark_provisioning,
         steps=apply_steps,
-        on_success=lambda ctx: settle(ctx, ClusterStatus.UPDATING),
+        on_success=settle,
         after_success=lambda ctx: announce(ctx, "Update done", "Update done"),
-        on_failure=update_failed,
+        on_failure=failed(ClusterStatus.DEGRADED),  # the cluster runs, resized or not
     )
 )
 register(
@@ -114,7 +112,7 @@ register(
         after_success=lambda ctx: record_event(
             ctx.cluster, "Cluster deleted; every process and file it had is gone", operation=ctx.operation
         ),
-        on_failure=delete_failed,
+        on_failure=failed(ClusterStatus.FAILED),
         response="empty",
     )
 )
