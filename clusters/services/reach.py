@@ -45,10 +45,7 @@ def login_env(cluster):
 
 def shared_dir(cluster):
     """The folder every node and the console see (the cluster's /home); Conflict where there is none."""
-    try:
-        return get_backend(cluster.backend).shared_dir(cluster)
-    except BackendError as exc:
-        raise Conflict(str(exc)) from None
+    return call(cluster, "shared_dir")
 
 
 def submit_batch(cluster, script_path):
@@ -74,17 +71,19 @@ def call_slurm_rest(cluster, method, path, body=None):
 
 def inject_fault(cluster, node):
     """Kill the node at once (its slurmd and job steps), where the backend can rehearse failures."""
-    backend = get_backend(cluster.backend)
-    if not backend.injects_faults:
-        raise Conflict(f"Fault injection is not available on the {backend.label} backend")
-    backend.kill_node(cluster, node)
+    fault_backend(cluster).kill_node(cluster, node)
 
 
 def faults_dir(cluster):
+    return fault_backend(cluster).faults_dir(cluster)
+
+
+def fault_backend(cluster):
+    """The cluster's backend when it can rehearse failures (injects_faults); Conflict otherwise."""
     backend = get_backend(cluster.backend)
     if not backend.injects_faults:
         raise Conflict(f"Fault injection is not available on the {backend.label} backend")
-    return backend.faults_dir(cluster)
+    return backend
 
 
 def call(cluster, method, *args):
