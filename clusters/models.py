@@ -50,7 +50,7 @@ class Project(models.Model):
     # The Google Cloud project the gce backend creates this project's clusters in.
     gcp_project_id = models.CharField(max_length=30, blank=True)
     # Limits across the project's live clusters; empty means no limit.
-    node_quota = models.PositiveIntegerField(null=True, blank=True, help_text="Compute nodes, all clusters")
+    node_quota = models.PositiveIntegerField(null=True, blank=True, help_text="Nodes (login and compute), all clusters")
     gpu_quota = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs, all clusters")
     created = models.DateTimeField(default=timezone.now)
 

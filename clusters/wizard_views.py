@@ -2,6 +2,7 @@
 
 import json
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
@@ -131,6 +132,10 @@ def wizard_upload(request):
     spec = None
     if upload is None:
         errors["spec_file"] = ["choose a JSON file"]
+    elif upload.size > settings.JSON_MAX_BYTES:
+        errors["spec_file"] = [
+            f"refused: the JSON document is larger than the limit of {settings.JSON_MAX_BYTES:,} bytes"
+        ]
     else:
         try:
             spec = safejson.loads(upload.read())

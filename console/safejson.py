@@ -13,6 +13,12 @@ class JSONTooLarge(ValueError):
     pass
 
 
+def refuse_constant(name):
+    # Python's json reads NaN, Infinity and -Infinity, which are not JSON (RFC 8259) and which no
+    # field of ours can hold; refuse them at the door rather than let one reach a model or a template.
+    raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
+
+
 def nesting_depth(text):
     """The deepest nesting of [ and { outside strings, without building anything."""
     depth = deepest = 0
@@ -45,7 +51,7 @@ def loads(text, *, max_bytes=None, max_depth=None):
     text = raw.decode("utf-8")
     if nesting_depth(text) > max_depth:
         raise JSONTooLarge(f"the JSON document is nested deeper than {max_depth} levels")
-    return json.loads(text)
+    return json.loads(text, parse_constant=refuse_constant)
 
 
 class SafeJSONParser(JSONParser):
@@ -68,7 +74,10 @@ def api_exception_handler(exc, context):
     from rest_framework.views import exception_handler
 
     if isinstance(exc, ConsoleError):
-        return Response(exc.body(), status=exc.http_status)
+        response = Response(exc.body(), status=exc.http_status)
+        if getattr(exc, "retry_after", None):
+            response["Retry-After"] = str(exc.retry_after)
+        return response
     if isinstance(exc, RequestDataTooBig):
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         return Response({"detail": f"Request body refused: it is larger than {limit:,} bytes."}, status=413)

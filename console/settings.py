@@ -51,6 +51,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "console.middleware.RequestSizeLimit",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -157,6 +158,8 @@ CELERY_BEAT_SCHEDULE = {
 JSON_MAX_BYTES = envint("JSON_MAX_BYTES", 1_000_000)
 JSON_MAX_DEPTH = envint("JSON_MAX_DEPTH", 32)
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(JSON_MAX_BYTES * 2, 2_621_440)
+# Any request body, uploads included (Django streams files to disk without a limit of its own).
+REQUEST_MAX_BYTES = envint("REQUEST_MAX_BYTES", DATA_UPLOAD_MAX_MEMORY_SIZE + 1_048_576)
 
 REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": [

@@ -175,12 +175,12 @@ def test_it_refuses_huge_and_absurdly_nested_bodies_with_a_clear_message(alice_a
 
 
 def test_it_refuses_a_cluster_over_the_projects_quota(alice_api, alpha):
-    alpha.node_quota = 3
+    alpha.node_quota = 5  # login nodes count: each cluster here is 1 login + its cpu nodes
     alpha.save()
     assert create(alice_api, "first", example_spec(cpu=2)).status_code == 202
     response = create(alice_api, "second", example_spec(cpu=2))
     assert response.status_code == 403
     assert response.json()["detail"] == (
-        "Quota exceeded: Compute nodes: the project's quota is 3, its clusters use 2, this asks for 2"
+        "Quota exceeded: Nodes: the project's quota is 5, its clusters use 3, this asks for 3"
     )
     assert create(alice_api, "third", example_spec(cpu=1)).status_code == 202

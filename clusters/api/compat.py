@@ -14,6 +14,7 @@ as `Authorization: Bearer <token>`.
 
 import base64
 import binascii
+import re
 import uuid
 
 from django.core.exceptions import RequestDataTooBig
@@ -23,7 +24,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from console import access
+from console import access, safejson
 from console.auth import BearerTokenAuthentication
 from console.errors import Conflict, ConsoleError, FieldErrors
 
@@ -63,12 +64,17 @@ MAX_PAGE_SIZE = 1000
 class RpcError(Exception):
     """A google.rpc.Status error; `violations` become a BadRequest detail with field paths."""
 
-    def __init__(self, http, status, message, violations=None):
+    def __init__(self, http, status, message, violations=None, retry_after=None):
         super().__init__(message)
         self.http, self.status, self.message, self.violations = http, status, message, violations or {}
+        self.retry_after = retry_after
 
     def response(self):
         error = {"code": self.http, "message": self.message, "status": self.status}
+        if self.retry_after:
+            error["details"] = [
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{self.retry_after}s"}
+            ]
         if self.violations:
             error["details"] = [
                 {
@@ -80,7 +86,10 @@ class RpcError(Exception):
                     ],
                 }
             ]
-        return Response({"error": error}, status=self.http)
+        response = Response({"error": error}, status=self.http)
+        if self.retry_after:
+            response["Retry-After"] = str(self.retry_after)
+        return response
 
 
 def invalid(message, violations=None):
@@ -91,7 +100,9 @@ def rpc_error(exc):
     """The google.rpc answer for a ConsoleError: its rpc status, and field violations for bad fields."""
     if isinstance(exc, FieldErrors):
         return invalid("Request contains an invalid argument.", exc.errors)
-    return RpcError(RPC_HTTP[exc.rpc_status], exc.rpc_status, exc.message)
+    return RpcError(
+        RPC_HTTP[exc.rpc_status], exc.rpc_status, exc.message, retry_after=getattr(exc, "retry_after", None)
+    )
 
 
 def timestamp(value):
@@ -266,6 +277,16 @@ class CompatCluster(CompatView):
 
 SLURM_METHODS = {"HTTP_METHOD_GET": "GET", "HTTP_METHOD_POST": "POST", "HTTP_METHOD_DELETE": "DELETE"}
 SLURM_PATHS = ("/slurm/", "/slurmdb/", "/openapi")
+# What a slurmrestd path is made of: no percent-encoding (so no encoded '..' or '/'), no control or
+# other characters, and a query of plain key=value pairs.
+SLURM_PATH = re.compile(r"/(slurm|slurmdb)/[A-Za-z0-9_./-]*(\?[A-Za-z0-9_.,=&-]*)?|/openapi[A-Za-z0-9_./-]*")
+
+
+def slurm_path_ok(path):
+    if not isinstance(path, str) or not SLURM_PATH.fullmatch(path):
+        return False
+    segments = path.split("?", 1)[0].split("/")
+    return not any(segment in (".", "..") for segment in segments) and "//" not in path
 
 
 @extend_schema(exclude=True)
@@ -282,14 +303,17 @@ class CompatSlurmRestApi(CompatView):
         violations = {}
         if method is None:
             violations["method"] = [f"must be one of {', '.join(SLURM_METHODS)}"]
-        if not isinstance(path, str) or not path.startswith(SLURM_PATHS) or ".." in path:
-            violations["path"] = ["must be a slurmrestd path under /slurm/, /slurmdb/ or /openapi"]
+        if not slurm_path_ok(path):
+            violations["path"] = [
+                "must be a slurmrestd path under /slurm/, /slurmdb/ or /openapi: letters, digits, '/', '_', "
+                "'-' and '.' (no '..', no percent-encoding, no control characters), optionally a ?query"
+            ]
         payload = body.get("body")
         if isinstance(payload, str) and payload:
             try:
-                payload = json.loads(payload)
-            except ValueError:
-                violations["body"] = ["must be JSON"]
+                payload = safejson.loads(payload)
+            except (ValueError, UnicodeError) as exc:
+                violations["body"] = [f"must be JSON: {exc}"]
         if violations:
             raise invalid("Request contains an invalid argument.", violations)
         if cluster.status not in ClusterStatus.usable():

@@ -82,7 +82,10 @@ class ClusterSerializer(serializers.ModelSerializer):
 
 
 class ClusterCreateSerializer(serializers.Serializer):
-    cluster_id = serializers.CharField(help_text="The cluster's id within its project, e.g. 'llama-train'.")
+    # Not trimmed: "demo\n" is a bad id, not "demo".
+    cluster_id = serializers.CharField(
+        trim_whitespace=False, help_text="The cluster's id within its project, e.g. 'llama-train'."
+    )
     spec = serializers.JSONField(help_text="The managed service's cluster JSON (display_name, node_pools, ...).")
 
 

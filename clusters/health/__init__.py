@@ -74,11 +74,18 @@ def threshold_errors(overrides):
         elif not isinstance(values, dict):
             errors[f"thresholds.{name}"] = ["must be an object of {threshold: value}"]
         else:
+            limits = defaults["_limits"].get(name, {})
             for key, value in values.items():
-                problem = value_problem(key, value, defaults[name].get(key))
+                problem = value_problem(key, value, defaults[name].get(key)) or limit_problem(value, limits.get(key))
                 if problem:
                     errors[f"thresholds.{name}.{key}"] = [problem]
     return errors
+
+
+def limit_problem(value, limit):
+    if limit is not None and value > limit:
+        return f"must be at most {limit:,} (a bigger value would tie up the scan's worker and nodes)"
+    return ""
 
 
 def value_problem(key, value, default):

@@ -25,8 +25,8 @@ CONSOLE = {"backend", "network", "storage"}
 NETWORK = {"create", "mtu", "subnet_range", "private_services_range"}
 STORAGE = {"filestore_home", "lustre", "gcs_buckets"}
 MTUS = (1460, 1500, 8896)
-BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
-MOUNT_POINT = re.compile(r"^/[A-Za-z0-9._/-]*$")
+BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]\Z")
+MOUNT_POINT = re.compile(r"/[A-Za-z0-9._/-]*\Z")
 DATA = Path(__file__).resolve().parent.parent / "data"
 
 
@@ -118,7 +118,7 @@ def parse_range(errors, value, path):
 def validate_filestore(errors, home, expect_int):
     tiers = storage_tiers()["filestore"]
     tier = home.get("tier")
-    if tier not in tiers:
+    if not isinstance(tier, str) or tier not in tiers:
         errors.add("console.storage.filestore_home.tier", f"must be one of: {', '.join(tiers)}")
         return
     size = expect_int(errors, home.get("capacity_gb"), "console.storage.filestore_home.capacity_gb", minimum=1)
@@ -132,8 +132,9 @@ def validate_filestore(errors, home, expect_int):
 
 def validate_lustre(errors, lustre, expect_int):
     tiers = storage_tiers()["lustre"]
-    tier = str(lustre.get("performance_tier"))
-    if tier not in tiers:
+    tier = lustre.get("performance_tier")
+    tier = str(tier) if isinstance(tier, (int, str)) and not isinstance(tier, bool) else None
+    if tier is None or tier not in tiers:
         errors.add("console.storage.lustre.performance_tier", f"must be one of {', '.join(tiers)} (MB/s per TiB)")
         return
     size = expect_int(errors, lustre.get("capacity_gb"), "console.storage.lustre.capacity_gb", minimum=1)

@@ -63,7 +63,7 @@ def cost(spec):
     for pool in spec.get("node_pools", []):
         count = pool_node_count(pool)
         machine = pool.get("machine_spec", {}).get("machine_type", "")
-        model = pool.get("provisioning_model", "ON_DEMAND")
+        model = pool.get("provisioning_model") or "ON_DEMAND"
         price = machine_price(machine, model)
         lines.append(
             CostLine(
@@ -74,7 +74,7 @@ def cost(spec):
         )
         disk = pool.get("boot_disk") or {}
         disk_price = table["boot_disk_per_gb_month"].get(disk.get("boot_disk_type", "pd-balanced"))
-        size = disk.get("boot_disk_size_gb", 100)
+        size = disk.get("boot_disk_size_gb") or 100
         if disk_price is not None and count:
             lines.append(
                 CostLine(f"{pool.get('id')}: boot disks", f"{count} x {size} GB", disk_price * size * count / hours)
@@ -103,15 +103,14 @@ def cost(spec):
 
 
 def requested(spec):
-    """(compute nodes, GPUs) the spec asks for."""
-    login = login_pool_id(spec)
+    """(nodes, GPUs) the spec asks for. Login nodes count: on a cloud each is a VM like any other."""
     nodes = gpus = 0
     for pool in spec.get("node_pools", []):
-        if pool.get("id") == login:
-            continue
         count = pool_node_count(pool)
         nodes += count
-        gpus += count * int(pool.get("machine_spec", {}).get("accelerator_count") or 0)
+        machine = pool.get("machine_spec") if isinstance(pool.get("machine_spec"), dict) else {}
+        accelerators = machine.get("accelerator_count")
+        gpus += count * (accelerators if isinstance(accelerators, int) and not isinstance(accelerators, bool) else 0)
     return nodes, gpus
 
 
@@ -129,6 +128,6 @@ def quota(project, spec, exclude=None):
         in_use_gpus += g
     nodes, gpus = requested(spec)
     return [
-        QuotaLine("Compute nodes", in_use_nodes, nodes, project.node_quota),
+        QuotaLine("Nodes", in_use_nodes, nodes, project.node_quota),
         QuotaLine("GPUs", in_use_gpus, gpus, project.gpu_quota),
     ]

@@ -14,9 +14,16 @@ from .console_block import validate_console_block
 ACCELERATOR_TYPES = ("NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB", "NVIDIA_B200")
 PROVISIONING_MODELS = ("ON_DEMAND", "SPOT", "RESERVATION", "FLEX_START")
 BOOT_DISK_TYPES = ("pd-standard", "pd-balanced", "pd-ssd", "hyperdisk-balanced", "hyperdisk-extreme")
-DISPLAY_NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
-RESOURCE_ID = re.compile(r"^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$")
-ZONE = re.compile(r"^(?P<region>[a-z]+-[a-z]+[0-9]+)-[a-z]$")
+# \Z, not $: `$` also matches before a trailing newline, so "demo\n" would pass as an id.
+DISPLAY_NAME = re.compile(r"[a-z][a-z0-9]{0,9}\Z")
+RESOURCE_ID = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+ZONE = re.compile(r"(?P<region>[a-z]+-[a-z]+[0-9]+)-[a-z]\Z")
+# Bounds that keep every number inside what the database and the clouds hold. Node counts per pool:
+# the console's own sanity bound (the project quota is the real limit); boot disks: Compute Engine's
+# largest persistent disk, 64 TiB (https://cloud.google.com/compute/docs/disks#pdspecs).
+MAX_POOL_NODES = 10_000
+MAX_BOOT_DISK_GB = 65_536
+INT_MAX = 2**31 - 1
 
 TOP_LEVEL = {
     "display_name",
@@ -70,12 +77,19 @@ def snake_case(key):
     return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
 
 
-def normalize(value):
-    """Proto-JSON accepts camelCase field names; the console keeps the docs' snake_case."""
+def int_string(value):
+    return isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 19
+
+
+def normalize(value, key=None):
+    """Proto-JSON accepts camelCase field names and int64 strings; the console keeps the docs'
+    snake_case and numbers."""
     if isinstance(value, dict):
-        return {snake_case(k): normalize(v) for k, v in value.items()}
+        return {snake_case(k): normalize(v, snake_case(k)) for k, v in value.items()}
     if isinstance(value, list):
         return [normalize(v) for v in value]
+    if key in INT_FIELDS and int_string(value):
+        return int(value)
     return value
 
 
@@ -118,17 +132,25 @@ def expect_list(errors, value, path):
     return value
 
 
-def expect_int(errors, value, path, minimum=0):
-    # JSON numbers for int64 fields may arrive as strings in proto-JSON.
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
+def expect_int(errors, value, path, minimum=0, maximum=INT_MAX):
     if isinstance(value, bool) or not isinstance(value, int):
         errors.add(path, "must be an integer")
         return None
     if value < minimum:
         errors.add(path, f"must be at least {minimum}")
         return None
+    if value > maximum:
+        errors.add(path, f"must be at most {maximum:,}")
+        return None
     return value
+
+
+def expect_str(errors, value, path):
+    """`value` when it is a string, else None with an error (None itself is left to `required`)."""
+    if value is None or isinstance(value, str):
+        return value
+    errors.add(path, "must be a string")
+    return None
 
 
 def validate_spec(data, *, backends):
@@ -154,8 +176,10 @@ def validate_spec(data, *, backends):
     )
     console = spec.get("console") if isinstance(spec.get("console"), dict) else {}
     backend_name = console.get("backend") or next(iter(backends))
-    backend = backends.get(backend_name)
-    if backend is None:
+    backend = backends.get(backend_name) if isinstance(backend_name, str) else None
+    if not isinstance(backend_name, str):
+        errors.add("console.backend", f"must be a backend name: one of {', '.join(backends)}")
+    elif backend is None:
         errors.add("console.backend", f"unknown backend '{backend_name}'; choose one of: {', '.join(backends)}")
     elif not errors:
         for path, message in backend.validate_spec(spec):
@@ -184,10 +208,12 @@ def validate_node_pools(errors, value):
             else:
                 pools[pool_id] = pool
         validate_machine_spec(errors, pool.get("machine_spec"), f"{path}.machine_spec", pool.get("provisioning_model"))
+        if "enable_public_ips" in pool and not isinstance(pool["enable_public_ips"], bool):
+            errors.add(f"{path}.enable_public_ips", "must be true or false")
         validate_scaling(errors, pool.get("scaling_spec"), f"{path}.scaling_spec")
-        zone = pool.get("zone")
+        zone = expect_str(errors, pool.get("zone"), f"{path}.zone")
         if zone:
-            match = ZONE.match(zone) if isinstance(zone, str) else None
+            match = ZONE.match(zone)
             if not match:
                 errors.add(f"{path}.zone", "must be a zone such as 'us-central1-a'")
             elif match["region"] not in REGIONS:
@@ -196,7 +222,7 @@ def validate_node_pools(errors, value):
                 )
             else:
                 zones.add(zone)
-        model = pool.get("provisioning_model")
+        model = expect_str(errors, pool.get("provisioning_model"), f"{path}.provisioning_model")
         if model is not None and model not in PROVISIONING_MODELS:
             errors.add(f"{path}.provisioning_model", f"must be one of: {', '.join(PROVISIONING_MODELS)}")
         validate_boot_disk(errors, pool.get("boot_disk"), f"{path}.boot_disk")
@@ -214,14 +240,14 @@ def validate_node_pools(errors, value):
 
 def validate_machine_spec(errors, value, path, provisioning_model):
     spec = expect_object(errors, value, path, MACHINE_SPEC, required=("machine_type",))
-    machine_type = spec.get("machine_type")
+    machine_type = expect_str(errors, spec.get("machine_type"), f"{path}.machine_type")
     if not machine_type:
         return
     info = machine_type_info(machine_type)
     if info is None:
         errors.add(f"{path}.machine_type", f"unknown machine type '{machine_type}'")
         return
-    accelerator = spec.get("accelerator_type")
+    accelerator = expect_str(errors, spec.get("accelerator_type"), f"{path}.accelerator_type")
     count = spec.get("accelerator_count")
     if accelerator is not None and accelerator not in ACCELERATOR_TYPES:
         errors.add(f"{path}.accelerator_type", f"must be one of: {', '.join(ACCELERATOR_TYPES)}")
@@ -240,8 +266,15 @@ def validate_machine_spec(errors, value, path, provisioning_model):
         affinity = expect_object(
             errors, affinity, f"{path}.reservation_affinity", {"reservation_affinity_type", "key", "values"}
         )
-        kind = affinity.get("reservation_affinity_type")
-        if kind == "SPECIFIC_RESERVATION" and not affinity.get("values"):
+        kind = expect_str(
+            errors, affinity.get("reservation_affinity_type"), f"{path}.reservation_affinity.reservation_affinity_type"
+        )
+        expect_str(errors, affinity.get("key"), f"{path}.reservation_affinity.key")
+        values = expect_list(errors, affinity.get("values"), f"{path}.reservation_affinity.values")
+        for j, item in enumerate(values):
+            if not isinstance(item, str) or not item:
+                errors.add(f"{path}.reservation_affinity.values[{j}]", "must be a reservation name")
+        if kind == "SPECIFIC_RESERVATION" and not values:
             errors.add(f"{path}.reservation_affinity.values", "name the reservation to use")
 
 
@@ -252,8 +285,8 @@ def validate_scaling(errors, value, path):
         if value is not None:
             errors.add(path, "set min_node_count and max_node_count")
         return
-    low = expect_int(errors, low if low is not None else high, f"{path}.min_node_count")
-    high = expect_int(errors, high if high is not None else low, f"{path}.max_node_count")
+    low = expect_int(errors, low if low is not None else high, f"{path}.min_node_count", maximum=MAX_POOL_NODES)
+    high = expect_int(errors, high if high is not None else low, f"{path}.max_node_count", maximum=MAX_POOL_NODES)
     if low is not None and high is not None and low != high:
         errors.add(path, "min_node_count must equal max_node_count (clusters do not autoscale)")
 
@@ -262,12 +295,12 @@ def validate_boot_disk(errors, value, path):
     if value is None:
         return
     disk = expect_object(errors, value, path, {"boot_disk_type", "boot_disk_size_gb"})
-    kind = disk.get("boot_disk_type")
+    kind = expect_str(errors, disk.get("boot_disk_type"), f"{path}.boot_disk_type")
     if kind is not None and kind not in BOOT_DISK_TYPES:
         errors.add(f"{path}.boot_disk_type", f"must be one of: {', '.join(BOOT_DISK_TYPES)}")
     size = disk.get("boot_disk_size_gb")
     if size is not None:
-        expect_int(errors, size, f"{path}.boot_disk_size_gb", minimum=10)
+        expect_int(errors, size, f"{path}.boot_disk_size_gb", minimum=10, maximum=MAX_BOOT_DISK_GB)
 
 
 def validate_network(errors, value):
@@ -288,12 +321,13 @@ def validate_slurm(errors, value, pools):
     login = slurm.get("login_node_pool_id")
     if not login:
         errors.add(f"{path}.login_node_pool_id", "is required")
+    elif not isinstance(login, str):
+        errors.add(f"{path}.login_node_pool_id", "must be a node pool id")
+        login = None
     elif login not in pools:
         errors.add(f"{path}.login_node_pool_id", f"no node pool has id '{login}'")
-    else:
-        count = pools[login].get("scaling_spec", {}).get("min_node_count")
-        if isinstance(count, int) and count < 1:
-            errors.add(f"{path}.login_node_pool_id", "the login pool needs at least one node")
+    elif pool_node_count(pools[login]) < 1:
+        errors.add(f"{path}.login_node_pool_id", "the login pool needs at least one node")
     seen, used = set(), set()
     for i, partition in enumerate(expect_list(errors, slurm.get("partitions"), f"{path}.partitions")):
         ppath = f"{path}.partitions[{i}]"
@@ -304,13 +338,17 @@ def validate_slurm(errors, value, pools):
                 errors.add(f"{ppath}.id", "must be lowercase letters, digits and hyphens, starting with a letter")
             elif pid in seen:
                 errors.add(f"{ppath}.id", f"duplicate partition id '{pid}'")
-            seen.add(pid)
+            else:
+                seen.add(pid)
         for j, pool_id in enumerate(expect_list(errors, partition.get("node_pool_ids"), f"{ppath}.node_pool_ids")):
-            if pool_id not in pools:
+            if not isinstance(pool_id, str):
+                errors.add(f"{ppath}.node_pool_ids[{j}]", "must be a node pool id")
+            elif pool_id not in pools:
                 errors.add(f"{ppath}.node_pool_ids[{j}]", f"no node pool has id '{pool_id}'")
             elif pool_id == login:
                 errors.add(f"{ppath}.node_pool_ids[{j}]", "the login pool cannot be in a partition")
-            used.add(pool_id)
+            else:
+                used.add(pool_id)
     for pool_id in pools:
         if pool_id != login and pool_id not in used:
             errors.add("node_pools", f"node pool '{pool_id}' is neither the login pool nor in any partition")
@@ -338,6 +376,16 @@ WEIGHTS = (
     "priority_weight_qos",
     "priority_weight_tres",
 )
+# Integer fields: proto-JSON sends int64 values as strings ("2"); normalize() stores numbers.
+INT_FIELDS = {
+    "min_node_count",
+    "max_node_count",
+    "accelerator_count",
+    "boot_disk_size_gb",
+    "mtu",
+    "capacity_gb",
+    *WEIGHTS,
+}
 
 
 def validate_accounting(errors, value, path):
@@ -370,5 +418,12 @@ def validate_scheduling(errors, value, path):
 
 
 def pool_node_count(pool):
-    scaling = pool.get("scaling_spec") or {}
-    return int(scaling.get("min_node_count", scaling.get("max_node_count", 0)))
+    """The pool's node count; 0 where the spec does not say (or says it with the wrong type)."""
+    scaling = pool.get("scaling_spec") if isinstance(pool, dict) else None
+    if not isinstance(scaling, dict):
+        return 0
+    count = scaling.get("min_node_count", scaling.get("max_node_count", 0))
+    try:
+        return int(count)
+    except (TypeError, ValueError):
+        return 0

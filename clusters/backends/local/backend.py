@@ -32,6 +32,12 @@ class LocalBackend(Backend):
 
     def validate_spec(self, spec):
         login = spec["orchestrator_spec"]["slurm_spec"].get("login_node_pool_id")
+        for i, pool in enumerate(spec["node_pools"]):
+            if pool.get("id") == login and pool_node_count(pool) != 1:
+                yield (
+                    f"node_pools[{i}].scaling_spec",
+                    "the local backend has one login node (this machine): set min_node_count and max_node_count to 1",
+                )
         total = sum(pool_node_count(p) for p in spec["node_pools"] if p.get("id") != login)
         if total > settings.LOCAL_MAX_NODES:
             yield (

@@ -1,0 +1,35 @@
+"""Request-level limits that must hold before a view (or Django's multipart parser) reads the body."""
+
+from django.conf import settings
+from django.http import HttpResponse, JsonResponse
+
+
+class RequestSizeLimit:
+    """Refuse a body whose Content-Length is over REQUEST_MAX_BYTES with a 413, before it is read.
+
+    Django caps form fields (DATA_UPLOAD_MAX_MEMORY_SIZE) but not uploaded files, which it streams to
+    a temporary folder however large they are; no request of this console needs more than a spec file.
+    Each surface gets its own error shape."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        limit = settings.REQUEST_MAX_BYTES
+        if length > limit:
+            message = f"Request body refused: it is larger than {limit:,} bytes."
+            if request.path.startswith("/api/"):
+                return JsonResponse({"detail": message}, status=413)
+            if request.path.startswith("/v1beta1/"):
+                error = {
+                    "code": 400,
+                    "message": f"Request payload size exceeds the limit: {limit} bytes.",
+                    "status": "INVALID_ARGUMENT",
+                }
+                return JsonResponse({"error": error}, status=400)
+            return HttpResponse(message, status=413, content_type="text/plain")
+        return self.get_response(request)
