@@ -56,6 +56,11 @@ class Unavailable(ConsoleError):
     http_status = 503
     rpc_status = "UNAVAILABLE"
 
+    def __init__(self, message, *, retry_after=None):
+        super().__init__(message)
+        # Seconds after which a retry is worth it: the Retry-After header and google.rpc.RetryInfo.
+        self.retry_after = retry_after
+
 
 def page_message(exc):
     """The sentence a page shows for a ConsoleError (a flash message)."""

@@ -234,6 +234,9 @@ HEALTH_RESULTS_KEEP_DAYS = envint("HEALTH_RESULTS_KEEP_DAYS", 30)
 # An operation whose worker has not reported for this long is taken to be orphaned and re-enqueued.
 OPERATION_STALE_AFTER = envint("OPERATION_STALE_AFTER", 300)
 OPERATION_MAX_RETRIES = envint("OPERATION_MAX_RETRIES", 5)
+# Refuse to start an operation (503 with Retry-After) while the task queue does not answer.
+OPERATION_CHECK_BROKER = envbool("OPERATION_CHECK_BROKER", "True")
+OPERATION_BROKER_TIMEOUT = envfloat("OPERATION_BROKER_TIMEOUT", 2)
 
 LOGGING = {
     "version": 1,

@@ -27,3 +27,8 @@ if os.environ.get("CONSOLE_WORKER_USES_TEST_DB"):
 os.makedirs(TEST_ROOT, exist_ok=True)
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+# Unit tests run without a broker; the fault tests (tests/test_faults.py) turn the check on.
+OPERATION_CHECK_BROKER = False
+# Workers started by the fault tests run the tests' scripted backend (tests/backends.py).
+if os.environ.get("CONSOLE_SCRIPTED_BACKEND"):
+    CLUSTER_BACKENDS = {**CLUSTER_BACKENDS, "scripted": "tests.backends.ScriptedBackend"}  # noqa: F405

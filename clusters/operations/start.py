@@ -1,8 +1,12 @@
 """start(): the one way to begin work on a cluster."""
 
-from django.db import IntegrityError, transaction
+import logging
 
-from console.errors import Conflict
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from kombu.exceptions import OperationalError
+
+from console.errors import Conflict, Unavailable
 
 from ..choices import ClusterStatus, OperationStatus
 from ..events import record_event
@@ -20,6 +24,7 @@ def start(cluster, kind, *, message, user=None, params=None):
     when the cluster is busy with another operation or in a status the kind does not start from;
     then nothing has changed."""
     spec = registry.kind(kind)
+    check_broker()
     before = (cluster.status, cluster.status_message, cluster.updated)
     with transaction.atomic():
         if spec.busy_status:
@@ -38,8 +43,41 @@ def start(cluster, kind, *, message, user=None, params=None):
             cluster.status, cluster.status_message, cluster.updated = before
             raise Conflict(busy(cluster)) from None
         record_event(cluster, message, operation=operation)
-        transaction.on_commit(lambda: run_operation_task.delay(operation.pk))
+        transaction.on_commit(lambda: enqueue(operation.pk))
     return operation
+
+
+log = logging.getLogger(__name__)
+BROKER_RETRY_AFTER = 30
+
+
+def check_broker():
+    """Unavailable (503, retry in 30 s) when the task queue cannot be reached, before anything is
+    written: a create the console cannot hand to a worker is refused whole rather than half-made."""
+    if not settings.OPERATION_CHECK_BROKER or settings.CELERY_TASK_ALWAYS_EAGER:
+        return
+    try:
+        with run_operation_task.app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=0, timeout=settings.OPERATION_BROKER_TIMEOUT)
+            connection.default_channel  # noqa: B018 (opens the channel: Redis answers or not)
+    except (OperationalError, OSError):
+        raise Unavailable(
+            f"The console's task queue is not answering, so nothing was started; retry in {BROKER_RETRY_AFTER} s.",
+            retry_after=BROKER_RETRY_AFTER,
+        ) from None
+
+
+def enqueue(operation_id):
+    """Send the operation to a worker. When the broker went away after check_broker(), the committed
+    operation stays PENDING and resume_stale_operations sends it once the broker is back."""
+    try:
+        run_operation_task.delay(operation_id)
+    except (OperationalError, OSError):
+        log.warning(
+            "Operation %s is saved but not yet sent: the task queue is not answering; it is sent "
+            "again once the queue is back (resume_stale_operations)",
+            operation_id,
+        )
 
 
 def refusal(cluster, spec):
