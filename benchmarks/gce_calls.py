@@ -17,6 +17,7 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from clusters import services  # noqa: E402
+from clusters.choices import Role  # noqa: E402
 from clusters.models import Cluster, Project  # noqa: E402
 from clusters.operations import engine  # noqa: E402
 from clusters.spec.reference import build_spec  # noqa: E402
@@ -61,7 +62,7 @@ def main():
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("bench")
     project = Project.objects.create(slug="bench", name="Bench", gcp_project_id="bench-proj")
-    project.members.add(user)
+    project.members.add(user, through_defaults={"role": Role.ADMIN})
     print("workers parts | create s  calls bulk |  grow s  calls | delete s  calls")
     for workers in (8, 64, 1000):
         for partitions in (1, 4):

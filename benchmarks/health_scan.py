@@ -25,6 +25,7 @@ from django.core.management import call_command  # noqa: E402
 
 from clusters import services  # noqa: E402
 from clusters.backends import get_backend  # noqa: E402
+from clusters.choices import Role  # noqa: E402
 from clusters.health import COLLECTIVE, load_checks, repair  # noqa: E402
 from clusters.health.scans import start_scan  # noqa: E402
 from clusters.models import Cluster, Project  # noqa: E402
@@ -55,7 +56,7 @@ def main():
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("bench")
     project = Project.objects.create(slug="bench", name="Bench")
-    project.members.add(user)
+    project.members.add(user, through_defaults={"role": Role.ADMIN})
     print(
         "nodes | scan, all checks (s) | per-node checks (s) | correctness+disk (s) | interconnect only (s)"
         " | create -> READY (s)"

@@ -18,6 +18,7 @@ from django.core.management import call_command  # noqa: E402
 from rest_framework.test import APIClient  # noqa: E402
 
 from clusters.backends import get_backend  # noqa: E402
+from clusters.choices import Role  # noqa: E402
 from clusters.models import Cluster, Operation, Project  # noqa: E402
 
 
@@ -31,7 +32,7 @@ def main(sizes):
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("bench")
     project = Project.objects.create(slug="bench", name="Bench")
-    project.members.add(user)
+    project.members.add(user, through_defaults={"role": Role.ADMIN})
     client = APIClient()
     client.force_authenticate(user)
     print(

@@ -7,7 +7,7 @@ from django.contrib import admin, messages
 
 from .backends import all_backends
 from .health import faults
-from .models import Cluster, ClusterEvent, Node, NodePool, Operation, Partition, Project, SlurmJob
+from .models import Cluster, ClusterEvent, Membership, Node, NodePool, Operation, Partition, Project, SlurmJob
 from .spec import SpecError, validate_spec
 
 
@@ -24,10 +24,16 @@ class ClusterAdminForm(forms.ModelForm):
             raise forms.ValidationError([f"{path}: {', '.join(msgs)}" for path, msgs in exc.errors.items()]) from None
 
 
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ["user"]
+
+
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "created"]
-    filter_horizontal = ["members"]
+    inlines = [MembershipInline]
     prepopulated_fields = {"slug": ["name"]}
 
 
@@ -73,6 +79,7 @@ def fault_action(kind):
 
     action.__name__ = f"inject_{kind}"
     action.short_description = f"Inject fault: {kind.replace('_', ' ')} ({faults.KINDS[kind]})"
+    action.allowed_permissions = ("inject_faults",)  # NodeAdmin.has_inject_faults_permission
     return action
 
 
@@ -82,6 +89,9 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = ["state"]
     search_fields = ["name", "cluster__name"]
     actions = [fault_action(kind) for kind in faults.KINDS]
+
+    def has_inject_faults_permission(self, request):
+        return request.user.has_perm("clusters.inject_faults")
 
 
 @admin.register(Operation)

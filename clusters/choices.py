@@ -120,3 +120,20 @@ class EventLevel(models.TextChoices):
 
 
 EVENT_LEVEL_COLOURS = {EventLevel.INFO: "blue", EventLevel.WARNING: "amber", EventLevel.ERROR: "red"}
+
+
+class Role(models.TextChoices):
+    """A member's role in a project; each grants the permissions of the ones before it."""
+
+    VIEWER = "viewer", "Viewer"  # reads everything in the project
+    OPERATOR = "operator", "Operator"  # + runs, scans, jobs, slurmrestd calls
+    ADMIN = "admin", "Admin"  # + create, resize, delete clusters; members; schedules
+
+    @property
+    def rank(self):
+        return list(Role).index(self)
+
+    @classmethod
+    def at_least(cls, role):
+        """The roles that include `role`'s permissions."""
+        return [r for r in cls if r.rank >= cls(role).rank]

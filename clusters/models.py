@@ -20,6 +20,7 @@ from .choices import (
     NodeRole,
     NodeState,
     OperationStatus,
+    Role,
 )
 from .slurm.states import node_colour
 
@@ -38,7 +39,7 @@ class ProjectQuerySet(models.QuerySet):
     def for_user(self, user):
         if not user.is_authenticated:
             return self.none()
-        return self.filter(members=user)
+        return self.filter(memberships__user=user)
 
 
 class Project(models.Model):
@@ -46,7 +47,9 @@ class Project(models.Model):
 
     slug = models.SlugField(max_length=63, unique=True)
     name = models.CharField(max_length=200)
-    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="projects", blank=True)
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, related_name="projects", blank=True, through="Membership"
+    )
     # The Google Cloud project the gce backend creates this project's clusters in.
     gcp_project_id = models.CharField(max_length=30, blank=True)
     # Limits across the project's live clusters; empty means no limit.
@@ -61,6 +64,23 @@ class Project(models.Model):
 
     def __str__(self):
         return self.slug
+
+
+class Membership(models.Model):
+    """A user's role in a project. `project.members.add(user)` makes a viewer; say the role otherwise
+    (`through_defaults={"role": Role.ADMIN}`)."""
+
+    project = models.ForeignKey(Project, models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "user"], name="one_membership_per_user")]
+        ordering = ["project", "user__username"]
+
+    def __str__(self):
+        return f"{self.user} in {self.project}: {self.role}"
 
 
 class ClusterQuerySet(models.QuerySet):
@@ -204,6 +224,8 @@ class Node(models.Model):
     class Meta:
         ordering = ["cluster", "node_pool__pool_id", "index"]
         constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="unique_node_per_cluster")]
+        # Breaking nodes on purpose is for whoever tests the console's repairs, not every staff member.
+        permissions = [("inject_faults", "Can inject faults into nodes")]
 
     def __str__(self):
         return self.name

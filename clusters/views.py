@@ -24,13 +24,20 @@ from .models import HealthResult
 EXAMPLE_SPEC = Path(settings.BASE_DIR) / "examples" / "cluster-local-cpu.json"
 
 
-def cluster_for(request, project, name):
-    """A live cluster of one of the user's projects, or 404 (outsiders cannot tell it exists)."""
-    return access.cluster(request.user, project, name)
+def cluster_for(request, project, name, permission=access.GET):
+    """A live cluster of one of the user's projects, or 404 (outsiders cannot tell it exists); 403
+    when the user's role there lacks `permission`."""
+    return access.cluster(request.user, project, name, permission)
+
+
+def permissions(user, project):
+    """What the page may offer: {"create", "update", "delete", "run"} -> bool for the user's role."""
+    verbs = {"create": access.CREATE, "update": access.UPDATE, "delete": access.DELETE, "run": access.RUN}
+    return {verb: access.can(user, project, permission) for verb, permission in verbs.items()}
 
 
 def cluster_new(request):
-    projects = access.projects(request.user)
+    projects = access.projects(request.user, access.CREATE)
     form = {
         "project": request.GET.get("project", ""),
         "cluster_id": "",
@@ -77,6 +84,8 @@ def cluster_detail(request, project, name):
         "login_env": services.login_env(cluster),
         "scannable": scannable(cluster),
         "schedule": schedule_context(cluster) if cluster.status != ClusterStatus.DELETED else None,
+        "role": access.role_in(request.user, cluster.project),
+        "can": permissions(request.user, cluster.project),
     }
     return render(request, "clusters/cluster_detail.html", context)
 
@@ -114,7 +123,7 @@ def cluster_events(request, project, name):
 
 @require_POST
 def cluster_resize(request, project, name):
-    cluster = cluster_for(request, project, name)
+    cluster = cluster_for(request, project, name, access.UPDATE)
     pool_id = request.POST.get("node_pool", "")
     spec = copy.deepcopy(cluster.spec)
     pool = next((p for p in spec["node_pools"] if p["id"] == pool_id), None)
@@ -139,7 +148,7 @@ def cluster_resize(request, project, name):
 
 @require_POST
 def cluster_delete(request, project, name):
-    cluster = cluster_for(request, project, name)
+    cluster = cluster_for(request, project, name, access.DELETE)
     if request.POST.get("confirm") != cluster.name:
         messages.error(request, f"Type the cluster id '{cluster.name}' to confirm deletion.")
         return redirect(cluster)
@@ -179,7 +188,7 @@ def cluster_health(request, project, name):
 
 @require_POST
 def cluster_scan(request, project, name):
-    cluster = cluster_for(request, project, name)
+    cluster = cluster_for(request, project, name, access.RUN)
     try:
         operation = start_scan(cluster=cluster, checks=request.POST.getlist("checks") or None, user=request.user)
     except ConsoleError as exc:
@@ -244,7 +253,7 @@ def node_detail(request, project, name, node):
 @require_POST
 def health_schedule(request, project, name):
     """Edit the periodic scan (an htmx form: the fragment comes back with field errors, values kept)."""
-    cluster = cluster_for(request, project, name)
+    cluster = cluster_for(request, project, name, access.UPDATE)
     form = {
         "enabled": request.POST.get("enabled") == "on",
         "every_hours": request.POST.get("every_hours", "").strip(),

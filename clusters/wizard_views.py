@@ -48,8 +48,8 @@ def validation_errors(cluster):
 
 def start_context(request, form=None, errors=None):
     return {
-        "projects": access.projects(request.user),
-        "drafts": access.clusters(request.user).filter(status=ClusterStatus.DRAFT),
+        "projects": access.projects(request.user, access.CREATE),
+        "drafts": access.clusters(request.user, access.CREATE).filter(status=ClusterStatus.DRAFT),
         "architectures": architectures().values(),
         "zones": zone_choices(),
         "models": PROVISIONING_MODELS,
@@ -68,7 +68,7 @@ def start_error(request, form, errors):
 
 
 def chosen_project(request):
-    return access.projects(request.user).filter(slug=request.POST.get("project", "")).first()
+    return access.projects(request.user, access.CREATE).filter(slug=request.POST.get("project", "")).first()
 
 
 @require_POST
@@ -282,7 +282,7 @@ def cluster_spec_json(request, project, name):
 
 @require_POST
 def cluster_duplicate(request, project, name):
-    cluster = access.cluster(request.user, project, name)
+    cluster = access.cluster(request.user, project, name, access.CREATE)
     taken = set(Cluster.objects.live().filter(project=cluster.project).values_list("name", flat=True))
     new_name = next(
         n for n in (f"{cluster.name}-copy", *(f"{cluster.name}-copy{i}" for i in range(2, 1000))) if n not in taken

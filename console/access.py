@@ -1,46 +1,143 @@
-"""What a user may see: their projects, and the clusters and runs in them. Every page, both APIs, the
-compatible paths and the proxies ask here, so the rule is written once.
+"""What a user may see and do: their projects, the clusters and runs in them, and what their role in
+each project allows. Every page, both APIs, the compatible paths and the proxies ask here, so the
+rule is written once.
+
+Permissions are the managed service's (`modelDevelopmentClusters.get`, `.list`, `.create`, `.update`,
+`.delete`, `.run`) plus `projects.members`; a role grants a set of them:
+
+    viewer    get, list                      read every page and GET of the project
+    operator  + run                          runs, scans, job cancels, :callSlurmRestApi
+    admin     + create, update, delete,      create, resize, delete clusters; health schedules;
+              members                        the project's members
+
+An API token narrows its user's access further: to one project (`token.project`) and to reads
+(`token.read_only` caps the role at viewer); an expired one does not authenticate at all.
 
 A lookup that finds nothing, or finds something outside the user's projects, raises Http404 (pages
 answer 404, DRF a JSON 404, v1beta1 maps it to its own NOT_FOUND / PERMISSION_DENIED): an outsider
-cannot tell a project or cluster exists.
+cannot tell a project or cluster exists. A member whose role lacks the permission gets
+PermissionDenied (403, and PERMISSION_DENIED on v1beta1) naming the role it needs.
 """
 
 from django.http import Http404
 
-from clusters.choices import ClusterStatus
-from clusters.models import Cluster, Project
+from clusters.choices import ClusterStatus, Role
+from clusters.models import Cluster, Membership, Project
+
+from .errors import PermissionDenied
+
+GET = "modelDevelopmentClusters.get"
+LIST = "modelDevelopmentClusters.list"
+CREATE = "modelDevelopmentClusters.create"
+UPDATE = "modelDevelopmentClusters.update"
+DELETE = "modelDevelopmentClusters.delete"
+RUN = "modelDevelopmentClusters.run"
+MEMBERS = "projects.members"
+
+GRANTS = {
+    Role.VIEWER: {GET, LIST},
+    Role.OPERATOR: {GET, LIST, RUN},
+    Role.ADMIN: {GET, LIST, RUN, CREATE, UPDATE, DELETE, MEMBERS},
+}
 
 
-def projects(user):
-    return Project.objects.for_user(user)
+def needed_role(permission):
+    return next(role for role in Role if permission in GRANTS[role])
 
 
-def project(user, slug):
-    found = projects(user).filter(slug=slug).first()
-    if found is None:
-        raise Http404(f"No project {slug!r}")
+def token_of(user):
+    """The API token the request authenticated with (console.auth sets it), else None (a session)."""
+    return getattr(user, "api_token", None)
+
+
+def effective(role, user):
+    """The role after the token's read-only cap."""
+    token = token_of(user)
+    if role is not None and token is not None and token.read_only:
+        return Role.VIEWER
+    return role
+
+
+def memberships(user):
+    if not user.is_authenticated:
+        return Membership.objects.none()
+    found = Membership.objects.filter(user=user)
+    token = token_of(user)
+    if token is not None and token.project_id:
+        found = found.filter(project_id=token.project_id)
     return found
 
 
-def clusters(user):
-    """Live clusters (drafts included) of the user's projects."""
-    return Cluster.objects.live().filter(project__in=projects(user)).select_related("project")
+def projects(user, permission=LIST):
+    """The projects in which the user (and their token) holds `permission`."""
+    if token_of(user) is not None and token_of(user).read_only and needed_role(permission) != Role.VIEWER:
+        return Project.objects.none()
+    roles = Role.at_least(needed_role(permission))
+    return Project.objects.filter(pk__in=memberships(user).filter(role__in=roles).values("project_id"))
 
 
-def cluster(user, project_slug, name, *, drafts=True):
-    """A live cluster of one of the user's projects; with drafts=False, a draft is not found either."""
-    found = clusters(user).filter(project__slug=project_slug, name=name)
+def role_in(user, project):
+    """The user's role in `project` (after their token's limits), or None for an outsider."""
+    cache = user.__dict__.setdefault("_console_roles", {})
+    if project.pk not in cache:
+        found = memberships(user).filter(project=project).values_list("role", flat=True).first()
+        cache[project.pk] = effective(Role(found) if found else None, user)
+    return cache[project.pk]
+
+
+def can(user, project, permission):
+    role = role_in(user, project)
+    return role is not None and permission in GRANTS[role]
+
+
+def check(user, project, permission):
+    """PermissionDenied unless the user's role in `project` grants `permission`."""
+    role = role_in(user, project)
+    if role is None:
+        raise Http404(f"No project {project.slug}")
+    if permission not in GRANTS[role]:
+        wanted = needed_role(permission)
+        capped = " (this API token is read-only)" if token_of(user) is not None and token_of(user).read_only else ""
+        raise PermissionDenied(
+            f"Your role in project '{project.slug}' is {role.label.lower()}{capped}; this needs "
+            f"{wanted.label.lower()} ({permission})"
+        )
+
+
+def project(user, slug, permission=GET):
+    found = Project.objects.filter(slug=slug, pk__in=memberships(user).values("project_id")).first()
+    if found is None:
+        raise Http404(f"No project {slug!r}")
+    check(user, found, permission)
+    return found
+
+
+def clusters(user, permission=LIST):
+    """Live clusters (drafts included) of the projects where the user holds `permission`."""
+    return Cluster.objects.live().filter(project__in=projects(user, permission)).select_related("project")
+
+
+def cluster(user, project_slug, name, permission=GET, *, drafts=True):
+    """A live cluster of one of the user's projects; with drafts=False, a draft is not found either.
+    404 when it is not there (or not the user's to see), then 403 when the role lacks `permission`."""
+    found = (
+        Cluster.objects.live()
+        .filter(project__slug=project_slug, project__in=projects(user, LIST), name=name)
+        .select_related("project")
+    )
     if not drafts:
         found = found.exclude(status=ClusterStatus.DRAFT)
     found = found.first()
     if found is None:
         raise Http404(f"No cluster {project_slug}/{name}")
+    check(user, found.project, permission)
     return found
 
 
 def draft(user, project_slug, name):
-    found = clusters(user).filter(project__slug=project_slug, name=name, status=ClusterStatus.DRAFT).first()
+    """A draft the user may go on editing (creating clusters is the admin's)."""
+    found = clusters(user, LIST).filter(project__slug=project_slug, name=name, status=ClusterStatus.DRAFT).first()
     if found is None:
         raise Http404(f"No draft {project_slug}/{name}")
+    check(user, found.project, CREATE)
     return found

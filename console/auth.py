@@ -16,7 +16,9 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("Invalid authorization header: expected 'Bearer <token>'.")
         token = APIToken.authenticate(header[1].decode(errors="replace"))
         if token is None:
-            raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+            raise exceptions.AuthenticationFailed("Invalid, expired or revoked token.")
+        # console.access reads the token's limits (project, read-only) from the user it checks.
+        token.user.api_token = token
         return token.user, token
 
     def authenticate_header(self, request):

@@ -50,6 +50,13 @@ class QuotaExceeded(ConsoleError):
     rpc_status = "RESOURCE_EXHAUSTED"
 
 
+class PermissionDenied(ConsoleError):
+    """A member of the project whose role does not grant the action (an outsider gets 404 instead)."""
+
+    http_status = 403
+    rpc_status = "PERMISSION_DENIED"
+
+
 class Unavailable(ConsoleError):
     """Something the request needs (a cluster's Slurm, a cloud API) is not answering; a retry may help."""
 

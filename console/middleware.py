@@ -33,3 +33,25 @@ class RequestSizeLimit:
                 return JsonResponse({"error": error}, status=400)
             return HttpResponse(message, status=413, content_type="text/plain")
         return self.get_response(request)
+
+
+class ConsoleErrorPages:
+    """A ConsoleError that reaches a page (a role check, mostly) answers with its status and sentence
+    instead of a 500. DRF views and the v1beta1 paths render their own errors before this sees them."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        from django.shortcuts import render
+
+        from .errors import ConsoleError, page_message
+
+        if not isinstance(exception, ConsoleError):
+            return None
+        return render(
+            request, "console/refused.html", {"message": page_message(exception)}, status=exception.http_status
+        )

@@ -22,6 +22,14 @@ class APIToken(models.Model):
     digest = models.CharField(max_length=64, unique=True, editable=False)
     created = models.DateTimeField(default=timezone.now)
     last_used = models.DateTimeField(null=True, blank=True)
+    # Limits on top of the user's own roles (console.access applies them): one project only, reads
+    # only, and a last day.
+    project = models.ForeignKey(
+        "clusters.Project", models.CASCADE, null=True, blank=True, related_name="api_tokens",
+        help_text="Only this project; empty: every project of the user",
+    )  # fmt: skip
+    read_only = models.BooleanField(default=False, help_text="Reads only (the viewer role), whatever the user's role")
+    expires = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created"]
@@ -29,17 +37,25 @@ class APIToken(models.Model):
     def __str__(self):
         return f"{self.name} ({self.prefix}…)"
 
+    @property
+    def expired(self):
+        return self.expires is not None and self.expires <= timezone.now()
+
     @classmethod
-    def issue(cls, user, name):
+    def issue(cls, user, name, *, project=None, read_only=False, expires=None):
         """Create a token and return (token, raw secret); the secret is shown once and never stored."""
         raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        token = cls.objects.create(user=user, name=name, prefix=raw[:12], digest=digest(raw))
+        token = cls.objects.create(
+            user=user, name=name, prefix=raw[:12], digest=digest(raw), project=project, read_only=read_only,
+            expires=expires,
+        )  # fmt: skip
         return token, raw
 
     @classmethod
     def authenticate(cls, raw):
-        token = cls.objects.select_related("user").filter(digest=digest(raw)).first()
-        if token is None or not token.user.is_active:
+        """The live token with this secret (its user active, not expired), or None."""
+        token = cls.objects.select_related("user", "project").filter(digest=digest(raw)).first()
+        if token is None or not token.user.is_active or token.expired:
             return None
         cls.objects.filter(pk=token.pk).update(last_used=timezone.now())
         return token

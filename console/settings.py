@@ -60,6 +60,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "console.middleware.ConsoleErrorPages",
 ]
 
 ROOT_URLCONF = "console.urls"

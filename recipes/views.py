@@ -17,17 +17,17 @@ from .models import ModelVersion, Run
 FIELDS = ("recipe", "profile", "partition", "nodes", "steps", "init_from")
 
 
-def cluster_for(request, project, name):
-    return access.cluster(request.user, project, name)
+def cluster_for(request, project, name, permission=access.GET):
+    return access.cluster(request.user, project, name, permission)
 
 
-def run_for(request, project, name, run_id):
-    cluster = cluster_for(request, project, name)
+def run_for(request, project, name, run_id, permission=access.GET):
+    cluster = cluster_for(request, project, name, permission)
     return get_object_or_404(Run.objects.select_related("cluster__project"), cluster=cluster, uuid=run_id)
 
 
 def run_new(request, project, name):
-    cluster = cluster_for(request, project, name)
+    cluster = cluster_for(request, project, name, access.RUN)
     form = (
         {k: request.POST.get(k, "").strip() for k in FIELDS}
         if request.method == "POST"
@@ -84,7 +84,7 @@ def run_context(run):
 
 @require_POST
 def run_register(request, project, name, run_id):
-    run = run_for(request, project, name, run_id)
+    run = run_for(request, project, name, run_id, access.RUN)
     try:
         version = services.register_model(run=run, name=request.POST.get("model_name", "").strip(), user=request.user)
     except ConsoleError as exc:
@@ -98,7 +98,7 @@ def run_register(request, project, name, run_id):
 
 @require_POST
 def run_cancel(request, project, name, run_id):
-    run = run_for(request, project, name, run_id)
+    run = run_for(request, project, name, run_id, access.RUN)
     try:
         services.cancel_run(run)
     except ConsoleError as exc:

@@ -23,7 +23,7 @@ from django.conf import settings
 from rest_framework.test import APIClient
 
 from clusters import processes
-from clusters.choices import ClusterStatus
+from clusters.choices import ClusterStatus, Role
 from clusters.models import Cluster, Operation, Project
 from clusters.operations import engine
 from console.models import APIToken
@@ -78,14 +78,14 @@ def charlie(django_user_model):
 @pytest.fixture
 def alpha(alice, bob):
     project = Project.objects.create(slug="alpha", name="Alpha")
-    project.members.add(alice, bob)
+    project.members.add(alice, bob, through_defaults={"role": Role.ADMIN})
     return project
 
 
 @pytest.fixture
 def charlies_project(charlie):
     project = Project.objects.create(slug="charlie-lab", name="Charlie's lab")
-    project.members.add(charlie)
+    project.members.add(charlie, through_defaults={"role": Role.ADMIN})
     return project
 
 
@@ -258,7 +258,7 @@ def module_cluster(django_db_blocker, *, username, project_slug, cluster_name="t
     with django_db_blocker.unblock():
         owner = get_user_model().objects.create_user(username, f"{username}@example.com", f"{username}-password")
         project = Project.objects.create(slug=project_slug, name=project_slug)
-        project.members.add(owner)
+        project.members.add(owner, through_defaults={"role": Role.ADMIN})
     try:  # a cluster that fails to come up is stopped too, so the next module starts clean
         with django_db_blocker.unblock():
             spec = example_spec(cpu=cpu)

@@ -189,9 +189,9 @@ class CompatView(APIView):
             return RpcError(exc.status_code, "FAILED_PRECONDITION", str(exc.detail)).response()
         raise exc
 
-    def project(self, slug):
+    def project(self, slug, permission=access.GET):
         try:
-            return access.project(self.request.user, slug)
+            return access.project(self.request.user, slug, permission)
         except Http404:
             raise RpcError(
                 403,
@@ -207,10 +207,13 @@ class CompatView(APIView):
             .filter(project=self.project(project), location=location)
         )
 
-    def cluster(self, project, location, cluster_id):
+    def cluster(self, project, location, cluster_id, permission=access.GET):
+        """The cluster, after the caller's role is checked for `permission` (the service's
+        modelDevelopmentClusters.* names)."""
         cluster = self.clusters(project, location).filter(name=cluster_id).first()
         if cluster is None:
             raise RpcError(404, "NOT_FOUND", f"ModelDevelopmentCluster {cluster_id} not found in {location}.")
+        access.check(self.request.user, cluster.project, permission)
         return cluster
 
     def body(self):
@@ -252,7 +255,7 @@ class CompatClusters(CompatView):
         )
         if not cluster_id:
             raise invalid("model_development_cluster_id is required", {"model_development_cluster_id": ["is required"]})
-        project = self.project(project)
+        project = self.project(project, access.CREATE)
         spec = self.body()
         return self.run(
             lambda: services.create_cluster(
@@ -267,11 +270,11 @@ class CompatCluster(CompatView):
         return Response(cluster_resource(self.cluster(project, location, cluster)))
 
     def patch(self, request, project, location, cluster):
-        cluster = self.cluster(project, location, cluster)
+        cluster = self.cluster(project, location, cluster, access.UPDATE)
         return self.run(lambda: services.update_cluster(cluster=cluster, spec=self.body(), user=request.user))
 
     def delete(self, request, project, location, cluster):
-        cluster = self.cluster(project, location, cluster)
+        cluster = self.cluster(project, location, cluster, access.DELETE)
         return self.run(lambda: services.delete_cluster(cluster=cluster, user=request.user))
 
 
@@ -296,7 +299,7 @@ class CompatSlurmRestApi(CompatView):
     def post(self, request, project, location, cluster):
         import json
 
-        cluster = self.cluster(project, location, cluster)
+        cluster = self.cluster(project, location, cluster, access.RUN)
         body = request.data if isinstance(request.data, dict) else {}
         method = SLURM_METHODS.get(body.get("method", ""))
         path = body.get("path", "")

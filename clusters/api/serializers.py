@@ -2,6 +2,7 @@
 
 from rest_framework import serializers
 
+from ..choices import Role
 from ..models import (
     Cluster,
     ClusterEvent,
@@ -19,6 +20,12 @@ class ProjectSerializer(serializers.ModelSerializer):
     class Meta:
         model = Project
         fields = ["slug", "name"]
+
+
+class MembershipSerializer(serializers.Serializer):
+    username = serializers.CharField(source="user.username")
+    role = serializers.ChoiceField(choices=Role.choices)
+    created = serializers.DateTimeField(read_only=True)
 
 
 class NodePoolSerializer(serializers.ModelSerializer):

@@ -8,6 +8,8 @@ CLUSTER = "projects/<slug:project>/clusters/<slug:cluster>/"
 
 urlpatterns = [
     path("projects/", views.ProjectList.as_view(), name="api-projects"),
+    path("projects/<slug:project>/members/", views.ProjectMembers.as_view(), name="api-members"),
+    path("projects/<slug:project>/members/<str:username>/", views.ProjectMember.as_view(), name="api-member"),
     path("projects/<slug:project>/clusters/", views.ClusterList.as_view(), name="api-clusters"),
     path("projects/<slug:project>/clusters/<slug:cluster>/", views.ClusterDetail.as_view(), name="api-cluster"),
     path("projects/<slug:project>/clusters/<slug:cluster>/nodes/", views.ClusterNodes.as_view(), name="api-nodes"),

@@ -24,6 +24,7 @@ from .serializers import (
     HealthResultSerializer,
     HealthScheduleSerializer,
     JobSerializer,
+    MembershipSerializer,
     NodeDetailSerializer,
     NodeSerializer,
     OperationSerializer,
@@ -51,6 +52,31 @@ class ProjectList(generics.ListAPIView):
         return access.projects(self.request.user)
 
 
+class ProjectMembers(APIView):
+    """A project's members and roles. GET for every member; PUT {"username", "role"} adds a member or
+    changes a role, DELETE .../members/USERNAME/ removes one (admins only; the last admin stays)."""
+
+    @extend_schema(responses=MembershipSerializer(many=True))
+    def get(self, request, project):
+        project = access.project(request.user, project, access.GET)
+        return Response(MembershipSerializer(project.memberships.select_related("user"), many=True).data)
+
+    @extend_schema(request=MembershipSerializer, responses=MembershipSerializer)
+    def put(self, request, project):
+        project = access.project(request.user, project, access.MEMBERS)
+        body = json_object(request)
+        membership = services.members.set_role(project, str(body.get("username", "")), body.get("role"))
+        return Response(MembershipSerializer(membership).data)
+
+
+class ProjectMember(APIView):
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request, project, username):
+        project = access.project(request.user, project, access.MEMBERS)
+        services.members.remove(project, username)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
 class ClusterList(APIView):
     @extend_schema(responses=ClusterSerializer(many=True))
     def get(self, request, project):
@@ -63,7 +89,7 @@ class ClusterList(APIView):
         description="Create a cluster. With ?dry_run=true, answer 200 with the plan and cost and create nothing.",
     )
     def post(self, request, project):
-        project = access.project(request.user, project)
+        project = access.project(request.user, project, access.CREATE)
         body = ClusterCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         name, spec = body.validated_data["cluster_id"], body.validated_data["spec"]
@@ -79,14 +105,14 @@ class ClusterDetail(APIView):
 
     @extend_schema(request=ClusterUpdateSerializer, responses={202: OperationSerializer})
     def patch(self, request, project, cluster):
-        cluster = access.cluster(request.user, project, cluster)
+        cluster = access.cluster(request.user, project, cluster, access.UPDATE)
         body = ClusterUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         return accepted(services.update_cluster(cluster=cluster, spec=body.validated_data["spec"], user=request.user))
 
     @extend_schema(responses={202: OperationSerializer})
     def delete(self, request, project, cluster):
-        cluster = access.cluster(request.user, project, cluster)
+        cluster = access.cluster(request.user, project, cluster, access.DELETE)
         return accepted(services.delete_cluster(cluster=cluster, user=request.user))
 
 
@@ -139,7 +165,7 @@ class ClusterScans(APIView):
 
     @extend_schema(request=ScanRequestSerializer, responses={202: OperationSerializer})
     def post(self, request, project, cluster):
-        cluster = access.cluster(request.user, project, cluster)
+        cluster = access.cluster(request.user, project, cluster, access.RUN)
         body = ScanRequestSerializer(data=request.data if isinstance(request.data, dict) else {})
         body.is_valid(raise_exception=True)
         operation = scans.start_scan(
@@ -169,7 +195,7 @@ class HealthScheduleDetail(APIView):
 
     @extend_schema(request=HealthScheduleSerializer, responses=HealthScheduleSerializer)
     def patch(self, request, project, cluster):
-        cluster = access.cluster(request.user, project, cluster)
+        cluster = access.cluster(request.user, project, cluster, access.UPDATE)
         found = schedule.update_schedule(cluster, dict(json_object(request)))
         return Response(HealthScheduleSerializer(found).data)
 

@@ -3,8 +3,10 @@
 requests.py   create (and dry run), drafts, update, delete: validate, then operations.start
 reach.py      what a page or recipe needs from the cluster's backend (shapes, plan, jobs, slurmrestd)
 live.py       Slurm's node states and job queue, kept in the database
+members.py    a project's members and roles
 """
 
+from . import members
 from .live import list_jobs, refresh_nodes
 from .reach import (
     backend_choices,
@@ -49,6 +51,7 @@ __all__ = [
     "job_status",
     "list_jobs",
     "login_env",
+    "members",
     "node_shapes",
     "plan",
     "refresh_nodes",

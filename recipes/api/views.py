@@ -29,7 +29,7 @@ class RunList(APIView):
 
     @extend_schema(request=LaunchSerializer, responses={201: RunSerializer})
     def post(self, request, project, cluster):
-        cluster = access.cluster(request.user, project, cluster)
+        cluster = access.cluster(request.user, project, cluster, access.RUN)
         if not isinstance(request.data, dict):
             raise ConsoleError("The body must be a JSON object.")
         data = {k: (str(v) if v is not None else "") for k, v in request.data.items()}
@@ -37,9 +37,9 @@ class RunList(APIView):
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
-def run_for(request, project, cluster, run):
-    """A run of a cluster the user can see, or 404."""
-    return get_object_or_404(Run, cluster=access.cluster(request.user, project, cluster), uuid=run)
+def run_for(request, project, cluster, run, permission=access.GET):
+    """A run of a cluster the user can see, or 404; 403 when their role lacks `permission`."""
+    return get_object_or_404(Run, cluster=access.cluster(request.user, project, cluster, permission), uuid=run)
 
 
 class RunDetail(APIView):
@@ -52,7 +52,7 @@ class RunDetail(APIView):
 class RunCancel(APIView):
     @extend_schema(request=None, responses=RunSerializer)
     def post(self, request, project, cluster, run):
-        found = run_for(request, project, cluster, run)
+        found = run_for(request, project, cluster, run, access.RUN)
         services.cancel_run(found)
         return Response(RunSerializer(found).data)
 
@@ -60,7 +60,7 @@ class RunCancel(APIView):
 class RunRegister(APIView):
     @extend_schema(request=None, responses={201: ModelVersionSerializer})
     def post(self, request, project, cluster, run):
-        found = run_for(request, project, cluster, run)
+        found = run_for(request, project, cluster, run, access.RUN)
         name = request.data.get("name", "") if isinstance(request.data, dict) else ""
         version = services.register_model(run=found, name=name, user=request.user)
         return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)

@@ -5,6 +5,7 @@ import os
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
+from clusters.choices import Role
 from clusters.models import Project
 
 
@@ -23,6 +24,6 @@ class Command(BaseCommand):
             user = User.objects.create_superuser(username, f"{username}@localhost", password)
             self.stdout.write(f"Created admin user '{username}'.")
         project, created = Project.objects.get_or_create(slug="default", defaults={"name": "Default project"})
-        project.members.add(user)
+        project.members.add(user, through_defaults={"role": Role.ADMIN})
         if created:
             self.stdout.write(f"Created project 'default' with member '{username}'.")
