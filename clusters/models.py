@@ -127,7 +127,7 @@ class Cluster(models.Model):
         return reverse("cluster-detail", args=[self.project.slug, self.name])
 
     @property
-    def display_name(self):
+    def display_name(self) -> str:
         return self.spec.get("display_name", self.name)
 
     @property

@@ -1,5 +1,6 @@
 """DRF authentication with console API tokens sent as `Authorization: Bearer <token>`."""
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
 from .models import APIToken
@@ -23,3 +24,13 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request):
         return 'Bearer realm="api"'
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """The schema's security scheme for console tokens (Swagger UI's Authorize button uses it)."""
+
+    target_class = "console.auth.BearerTokenAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "description": "A console API token (tcc_...)."}

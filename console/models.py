@@ -59,3 +59,20 @@ class APIToken(models.Model):
             return None
         cls.objects.filter(pk=token.pk).update(last_used=timezone.now())
         return token
+
+
+class SignInFailure(models.Model):
+    """A failed sign-in, kept for the throttle window (console.views.SignInView)."""
+
+    username = models.CharField(max_length=150)
+    address = models.GenericIPAddressField(null=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["username", "created"], name="signin_failures_by_user"),
+            models.Index(fields=["address", "created"], name="signin_failures_by_address"),
+        ]
+
+    def __str__(self):
+        return f"{self.username} from {self.address} at {self.created:%Y-%m-%d %H:%M:%S}"

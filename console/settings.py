@@ -1,6 +1,7 @@
 """Settings for the console, read from the environment with defaults that suit a laptop."""
 
 import os
+import secrets
 from pathlib import Path
 
 import dj_database_url
@@ -24,15 +25,44 @@ def envfloat(name, default):
     return float(env(name, str(default)))
 
 
-DEBUG = envbool("DEBUG", "True")
-# A development key is fine for a laptop; production must set SECRET_KEY (checked below).
-SECRET_KEY = env("SECRET_KEY", "dev-only-insecure-key-change-me")
-if not DEBUG and SECRET_KEY.startswith("dev-only"):
-    raise RuntimeError("Set SECRET_KEY when DEBUG is off")
+VAR_DIR = Path(env("CONSOLE_VAR_DIR", str(BASE_DIR / "var")))
+
+# Off unless asked for: DEBUG pages show settings and tracebacks to anyone who triggers an error.
+DEBUG = envbool("DEBUG", "False")
+
+
+def generated_secret_key(path):
+    """The key in `path`, made on first use (mode 0600, never logged). Every process of one machine
+    reads the same file; several machines must share SECRET_KEY through the environment instead."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        draft = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(50))
+        try:
+            os.link(draft, path)  # atomic, and fails if another process made it first
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return path.read_text().strip()
+
+
+SECRET_KEY = env("SECRET_KEY") or generated_secret_key(VAR_DIR / "secret_key")
 
 ALLOWED_HOSTS = [h for h in env("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in env("CSRF_TRUSTED_ORIGINS").split(",") if o]
 SITE_ROOT = env("SITE_ROOT", "http://localhost:8000")
+
+# Behind HTTPS (HTTPS=true, the production setting, docs/scaling.md): secure cookies, redirects to
+# https, HSTS for a year; TLS may end at a proxy that sets X-Forwarded-Proto.
+HTTPS = envbool("HTTPS")
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_SSL_REDIRECT = HTTPS
+SECURE_HSTS_SECONDS = 31_536_000 if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_PRELOAD = HTTPS
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if envbool("BEHIND_PROXY") else None
+SESSION_COOKIE_HTTPONLY = True
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -52,6 +82,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "console.middleware.RequestSizeLimit",
+    # Static files from the app itself (after collectstatic), so DEBUG can stay off everywhere.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -81,8 +113,6 @@ TEMPLATES = [
     },
 ]
 
-VAR_DIR = Path(env("CONSOLE_VAR_DIR", str(BASE_DIR / "var")))
-
 # SQLite by default; DATABASE_URL=postgres://... for several workers on several machines.
 DATABASES = {
     "default": dj_database_url.parse(
@@ -107,6 +137,10 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 LOGIN_URL = "login"
+# Sign-in throttle (console.views.SignInView): failures per username and per address in a window.
+LOGIN_THROTTLE_MINUTES = envint("LOGIN_THROTTLE_MINUTES", 15)
+LOGIN_FAILURES_PER_USER = envint("LOGIN_FAILURES_PER_USER", 5)
+LOGIN_FAILURES_PER_ADDRESS = envint("LOGIN_FAILURES_PER_ADDRESS", 20)
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
 
@@ -118,6 +152,8 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
+# Without collectstatic (tests, a checkout), serve from the apps' folders.
+WHITENOISE_USE_FINDERS = envbool("WHITENOISE_USE_FINDERS", "True")
 
 REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -188,6 +224,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "ClusterStatusEnum": "clusters.choices.ClusterStatus",
+        "OperationStatusEnum": "clusters.choices.OperationStatus",
+        "NodeStateEnum": "clusters.choices.NodeState",
+    },
 }
 
 # Cluster backends: the name in a spec's console.backend picks one of these.

@@ -2,7 +2,9 @@
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -10,7 +12,45 @@ from django.views.decorators.http import require_POST
 from clusters.views import status_counts
 
 from . import access
-from .models import APIToken
+from .models import APIToken, SignInFailure
+
+
+class SignInView(auth_views.LoginView):
+    """Django's login page with a throttle: after LOGIN_FAILURES_PER_USER failed sign-ins for one
+    username (or LOGIN_FAILURES_PER_ADDRESS from one address) within LOGIN_THROTTLE_MINUTES, every
+    sign-in for it is refused with a 429 until the window has passed, the right password included."""
+
+    def post(self, request, *args, **kwargs):
+        username = request.POST.get("username", "")[:150]
+        if throttled(username, client_address(request)):
+            form = self.get_form()
+            minutes = settings.LOGIN_THROTTLE_MINUTES
+            form.errors.clear()
+            form.add_error(None, f"Too many failed sign-ins; try again in {minutes} minutes.")
+            return self.render_to_response(self.get_context_data(form=form), status=429)
+        return super().post(request, *args, **kwargs)
+
+    def form_invalid(self, form):
+        SignInFailure.objects.create(
+            username=self.request.POST.get("username", "")[:150], address=client_address(self.request)
+        )
+        return super().form_invalid(form)
+
+    def form_valid(self, form):
+        SignInFailure.objects.filter(username=form.get_user().get_username()).delete()
+        return super().form_valid(form)
+
+
+def client_address(request):
+    return request.META.get("REMOTE_ADDR") or None
+
+
+def throttled(username, address):
+    since = timezone.now() - timedelta(minutes=settings.LOGIN_THROTTLE_MINUTES)
+    recent = SignInFailure.objects.filter(created__gte=since)
+    return recent.filter(username=username).count() >= settings.LOGIN_FAILURES_PER_USER or (
+        address is not None and recent.filter(address=address).count() >= settings.LOGIN_FAILURES_PER_ADDRESS
+    )
 
 
 def dashboard(request):

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export DJANGO_SETTINGS_MODULE=console.settings
 .venv/bin/python manage.py migrate --no-input -v0
+.venv/bin/python manage.py collectstatic --no-input -v0
 # First run: CONSOLE_ADMIN_PASSWORD=... creates the admin user and a 'default' project.
 .venv/bin/python manage.py bootstrap_console
 mkdir -p var

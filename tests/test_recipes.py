@@ -264,3 +264,43 @@ def test_a_run_whose_job_fails_shows_its_failing_lines_and_exit_code(rita_api, c
     page = client.get(f"/clusters/rlab/train/runs/{run['id']}/").content.decode()
     assert "Killed" in page or "killed" in page  # srun's own line about the task
     assert "exit code" in page
+
+
+def test_no_munge_key_jwt_or_token_reaches_a_page_an_answer_or_a_log_line(rita_api, train_cluster, client, caplog):
+    import base64
+
+    from clusters.backends import get_backend
+
+    from .test_safe_defaults import exchange, leaks
+
+    caplog.set_level("DEBUG")
+    paths = get_backend("local").paths(train_cluster)
+    munge, jwt = paths.munge_key.read_bytes(), paths.jwt_key.read_bytes()
+    secrets = {
+        f"{name} ({form})": encoded
+        for name, key in (("munge key", munge), ("JWT key", jwt))
+        for form, encoded in (
+            ("hex", key.hex()),
+            ("base64", base64.b64encode(key).decode()),
+            ("text", key.decode("latin-1")[:24]),
+        )
+    }
+    texts = []
+    for body in (
+        {"method": "HTTP_METHOD_GET", "path": "/slurm/v0.0.38/nodes"},
+        {"method": "HTTP_METHOD_GET", "path": "/slurm/v0.0.38/diag"},
+        {"method": "HTTP_METHOD_GET", "path": "/slurm/v0.0.38/job/999999"},
+    ):
+        response, text = exchange(rita_api, "post", SLURM_REST, data=body, format="json")
+        assert response.status_code == 200
+        texts.append(text)
+    client.force_login(train_cluster.project.members.get())
+    for path in ("/clusters/rlab/train/", "/clusters/rlab/train/nodes/", "/clusters/rlab/train/jobs/",
+                 "/clusters/rlab/train/health/", "/clusters/rlab/train/runs/"):  # fmt: skip
+        response, text = exchange(client, "get", path)
+        assert response.status_code == 200, path
+        texts.append(text)
+    for path in ("", "nodes/", "jobs/", "events/", "scans/"):
+        texts.append(exchange(rita_api, "get", f"/api/v1/projects/rlab/clusters/train/{path}")[1])
+    texts.append(caplog.text)
+    assert leaks(texts, secrets) == set()

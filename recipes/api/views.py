@@ -17,6 +17,7 @@ from .serializers import LaunchSerializer, ModelVersionSerializer, RunSerializer
 
 
 class RecipeList(APIView):
+    @extend_schema(responses={200: {"type": "array", "items": {"type": "object"}}})
     def get(self, request):
         return Response(list(recipes().values()))
 
