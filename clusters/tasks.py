@@ -4,12 +4,13 @@ take ids, never model instances. The operation tasks live beside the engine (clu
 from celery import shared_task
 from django.conf import settings
 
+from . import retention
 from .choices import ClusterStatus
 from .health import repair, schedule
 from .models import Cluster
 from .operations.tasks import resume_stale_operations, run_operation_task
 
-__all__ = ["prune_health_results", "resume_stale_operations", "run_due_scans", "run_operation_task", "watch_clusters"]
+__all__ = ["prune_history", "resume_stale_operations", "run_due_scans", "run_operation_task", "watch_clusters"]
 
 
 @shared_task(soft_time_limit=120)
@@ -28,5 +29,6 @@ def run_due_scans():
 
 
 @shared_task(soft_time_limit=600)
-def prune_health_results():
-    return schedule.prune_results()
+def prune_history():
+    """Drop events, jobs, results, operations and scan folders past their retention (clusters.retention)."""
+    return retention.prune()

@@ -166,30 +166,30 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT", 3600)}
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER")
-CELERY_BEAT_SCHEDULE = {
-    "resume-stale-operations": {
-        "task": "clusters.tasks.resume_stale_operations",
-        "schedule": 60.0,
-    },
-    "watch-clusters": {
-        "task": "clusters.tasks.watch_clusters",
-        "schedule": 15.0,
-    },
+# Periodic tasks go to their own queue and expire when a newer run is due, so a backlog of them (a
+# worker down for an hour) never queues ahead of provisioning; run a worker per queue to keep them
+# apart (docs/scaling.md). Operations go to the default queue ("celery").
+CELERY_PERIODIC_QUEUE = env("CELERY_PERIODIC_QUEUE", "periodic")
+PERIODIC_TASKS = {
+    "resume-stale-operations": ("clusters.tasks.resume_stale_operations", 60.0),
+    "watch-clusters": ("clusters.tasks.watch_clusters", 15.0),
     # Periodic health scans per cluster (their schedules are rows, edited on the cluster page / API).
-    "run-due-scans": {
-        "task": "clusters.tasks.run_due_scans",
-        "schedule": 60.0,
-    },
-    "prune-health-results": {
-        "task": "clusters.tasks.prune_health_results",
-        "schedule": 3600.0,
-    },
+    "run-due-scans": ("clusters.tasks.run_due_scans", 60.0),
+    "prune-history": ("clusters.tasks.prune_history", 3600.0),
     # Record run transitions even when nobody watches the run page.
-    "refresh-active-runs": {
-        "task": "recipes.tasks.refresh_active_runs",
-        "schedule": 15.0,
-    },
+    "refresh-active-runs": ("recipes.tasks.refresh_active_runs", 15.0),
 }
+CELERY_BEAT_SCHEDULE = {
+    name: {"task": task, "schedule": every, "options": {"queue": CELERY_PERIODIC_QUEUE, "expires": every}}
+    for name, (task, every) in PERIODIC_TASKS.items()
+}
+CELERY_TASK_ROUTES = {task: {"queue": CELERY_PERIODIC_QUEUE} for task, _every in PERIODIC_TASKS.values()}
+
+# Retention (clusters/retention.py, pruned hourly): days kept.
+EVENTS_KEEP_DAYS = envint("EVENTS_KEEP_DAYS", 90)
+JOBS_KEEP_DAYS = envint("JOBS_KEEP_DAYS", 90)
+OPERATIONS_KEEP_DAYS = envint("OPERATIONS_KEEP_DAYS", 180)
+SCAN_FOLDERS_KEEP_DAYS = envint("SCAN_FOLDERS_KEEP_DAYS", 30)
 
 # Request bodies: a cluster spec is a few KB; refuse what no spec needs, with a clear message.
 JSON_MAX_BYTES = envint("JSON_MAX_BYTES", 1_000_000)

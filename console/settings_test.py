@@ -32,3 +32,9 @@ OPERATION_CHECK_BROKER = False
 # Workers started by the fault tests run the tests' scripted backend (tests/backends.py).
 if os.environ.get("CONSOLE_SCRIPTED_BACKEND"):
     CLUSTER_BACKENDS = {**CLUSTER_BACKENDS, "scripted": "tests.backends.ScriptedBackend"}  # noqa: F405
+CELERY_PERIODIC_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-periodic"
+CELERY_BEAT_SCHEDULE = {
+    name: {**entry, "options": {**entry["options"], "queue": CELERY_PERIODIC_QUEUE}}
+    for name, entry in CELERY_BEAT_SCHEDULE.items()  # noqa: F405
+}
+CELERY_TASK_ROUTES = {task: {"queue": CELERY_PERIODIC_QUEUE} for task, _every in PERIODIC_TASKS.values()}  # noqa: F405

@@ -11,7 +11,7 @@ export DJANGO_SETTINGS_MODULE=console.settings
 .venv/bin/python manage.py bootstrap_console
 mkdir -p var
 .venv/bin/celery -A console worker --beat --loglevel=INFO --concurrency=2 \
-  --schedule var/celerybeat-schedule >var/worker.log 2>&1 &
+  --queues celery,periodic --schedule var/celerybeat-schedule >var/worker.log 2>&1 &
 worker=$!
 trap 'kill $worker 2>/dev/null; wait $worker 2>/dev/null' EXIT INT TERM
 echo "Celery worker running (log: var/worker.log)."

@@ -137,7 +137,7 @@ def redis_broker():
 
 def purge_queue(client):
     """Drop this checkout's pending tasks (its own queue; another checkout's tests may share Redis)."""
-    client.delete(settings.CELERY_TASK_DEFAULT_QUEUE)
+    client.delete(settings.CELERY_TASK_DEFAULT_QUEUE, settings.CELERY_PERIODIC_QUEUE)
 
 
 class Worker:
@@ -166,6 +166,7 @@ class Worker:
                 "--loglevel=INFO",
                 "--without-gossip",
                 "--without-mingle",
+                f"--queues={settings.CELERY_TASK_DEFAULT_QUEUE},{settings.CELERY_PERIODIC_QUEUE}",
                 f"--hostname=test-{uuid.uuid4().hex[:8]}@%h",
             ],
             env=worker_env,

@@ -16,7 +16,7 @@ from clusters.backends import get_backend
 from clusters.choices import ClusterStatus, OperationKind, OperationStatus
 from clusters.health import faults, repair, scans
 from clusters.health.scans import start_scan, targets
-from clusters.health.schedule import prune_results, run_due_scans, run_one, schedule_for
+from clusters.health.schedule import run_due_scans, run_one, schedule_for
 from clusters.models import Cluster, HealthResult, HealthSchedule, Operation
 from clusters.operations import engine
 from clusters.slurm.client import run_client
@@ -337,13 +337,3 @@ def test_outsiders_see_none_of_it(client, charlie, charlies_project, cluster):
     api = api_client_for(charlie)
     for path in ("nodes/cpu-0/", "repairs/", "health/schedule/", "scans/"):
         assert api.get(API + path).status_code == 404
-
-
-def test_results_older_than_the_retention_are_pruned(cluster, settings):
-    settings.HEALTH_RESULTS_KEEP_DAYS = 30
-    scan = cluster.operations.get(kind=OperationKind.CREATE)
-    old = HealthResult.objects.filter(operation=scan)
-    kept = old.count()
-    HealthResult.objects.filter(pk=old.first().pk).update(created=timezone.now() - timedelta(days=31))
-    assert prune_results() == 1
-    assert HealthResult.objects.filter(operation=scan).count() == kept - 1

@@ -14,7 +14,7 @@ from django.utils import timezone
 from console.errors import Conflict, FieldErrors
 
 from ..choices import ClusterStatus
-from ..models import HealthResult, HealthSchedule
+from ..models import HealthSchedule
 from . import unknown_checks
 from .scans import start_scan, targets
 
@@ -113,10 +113,3 @@ def run_one(schedule, now):
         fields["next_run"] = now + min(retry, timedelta(minutes=schedule.every_minutes))
     HealthSchedule.objects.filter(pk=schedule.pk).update(**fields)
     return outcome
-
-
-def prune_results(now=None):
-    """Delete scan results older than HEALTH_RESULTS_KEEP_DAYS; returns how many went."""
-    cutoff = (now or timezone.now()) - timedelta(days=settings.HEALTH_RESULTS_KEEP_DAYS)
-    deleted, _ = HealthResult.objects.filter(created__lt=cutoff).delete()
-    return deleted
