@@ -17,7 +17,9 @@ pytestmark = pytest.mark.django_db
 
 
 def run_manage(*args, **env):
-    clean = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "SECRET_KEY", "DJANGO_SETTINGS_MODULE")}
+    # The test run's own switches (the browser tests allow async-unsafe calls) are not the deployment's.
+    dropped = ("DEBUG", "SECRET_KEY", "DJANGO_SETTINGS_MODULE", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    clean = {k: v for k, v in os.environ.items() if k not in dropped}
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=settings.BASE_DIR,
