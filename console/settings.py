@@ -262,6 +262,9 @@ GCE_OPERATION_TIMEOUT = envfloat("GCE_OPERATION_TIMEOUT", 1800)
 GCE_POLL_INTERVAL = envfloat("GCE_POLL_INTERVAL", 2)
 GCE_IMAGE = env("GCE_IMAGE", "projects/debian-cloud/global/images/family/debian-12")
 GCE_CONTROLLER_MACHINE_TYPE = env("GCE_CONTROLLER_MACHINE_TYPE", "n2-standard-8")
+# Who may reach a login node's SSH port: Identity-Aware Proxy's TCP forwarding range by default
+# (https://cloud.google.com/iap/docs/using-tcp-forwarding), not the whole internet.
+GCE_SSH_SOURCE_RANGES = [r for r in env("GCE_SSH_SOURCE_RANGES", "35.235.240.0/20").split(",") if r]
 
 # Self-repair: start a repair after a scan finds a failing node, and watch nodes every 15 s.
 AUTO_REPAIR = envbool("AUTO_REPAIR", "True")

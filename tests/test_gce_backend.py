@@ -295,3 +295,40 @@ def test_a_stopped_instance_is_repaired_through_compute_and_the_controllers_meta
     fake.resources[path]["marker"] = "old disk"
     backend.reinstall(cluster, "a3ultra-0")
     assert path in fake.resources and "marker" not in fake.resources[path]  # made again from the template
+
+
+def test_two_console_projects_on_one_gcp_project_never_share_a_name_or_a_firewall(
+    fake, alpha, alice, charlie, charlies_project
+):
+    charlies_project.gcp_project_id = "tcc-test"  # the same Google Cloud project as alpha's
+    charlies_project.save()
+    ours, theirs = names("alpha", "ultra"), names("charlie-lab", "ultra")
+    assert ours.prefix != theirs.prefix and len(ours.prefix.rsplit("-", 1)[1]) == 16
+    for project, user in ((alpha, alice), (charlies_project, charlie)):
+        operation = create(project, user, gce_spec(nodes=2))
+        engine.run(operation.pk)
+        operation.refresh_from_db()
+        assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    firewalls = "/compute/v1/projects/tcc-test/global/firewalls/"
+    internal = fake.resources[f"{firewalls}{ours.firewall_internal}"]
+    assert internal["sourceTags"] == internal["targetTags"] == [ours.cluster_tag]
+    assert "sourceRanges" not in internal
+    ssh = fake.resources[f"{firewalls}{ours.firewall_ssh}"]
+    assert ssh["sourceRanges"] == ["35.235.240.0/20"]  # IAP's TCP forwarding range, not 0.0.0.0/0
+    template = fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{ours.prefix}-tpl-a3ultra"]
+    assert template["properties"]["tags"]["items"] == [f"{ours.prefix}-compute", ours.cluster_tag]
+    assert len(fake.instances()) == 2 * (2 + 2)
+    # Deleting charlie's cluster leaves every one of alice's resources.
+    mine = {path for path in fake.resources if ours.prefix in path}
+    engine.run(services.delete_cluster(cluster=Cluster.objects.get(project=charlies_project), user=charlie).pk)
+    assert mine <= set(fake.resources)
+    assert not [path for path in fake.resources if theirs.prefix in path]
+
+
+def test_a_cluster_created_with_the_old_short_names_keeps_them(fake, alpha, alice):
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    legacy = "ultra-1a2b"
+    Cluster.objects.filter(pk=operation.cluster_id).update(backend_state={"gce_prefix": legacy})
+    engine.run(operation.pk)
+    assert f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{legacy}-a3ultra-1" in fake.resources
+    assert not [path for path in fake.resources if names("alpha", "ultra").prefix in path]

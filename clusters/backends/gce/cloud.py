@@ -7,7 +7,7 @@ from django.conf import settings
 
 from ...work import PermanentBackendError, TransientBackendError, heartbeat
 from .errors import map_api_error, map_operation_errors
-from .names import MARKER, OWNER_LABEL, names
+from .names import MARKER, OWNER_LABEL, names_for
 
 
 class Cloud:
@@ -21,7 +21,9 @@ class Cloud:
             raise PermanentBackendError(
                 f"Project '{cluster.project.slug}' has no Google Cloud project id; set it in the admin"
             )
-        self.n = names(cluster.project.slug, cluster.name)
+        self.n = names_for(cluster)
+        if (cluster.backend_state or {}).get("gce_prefix") != self.n.prefix:
+            backend.save_state(cluster, gce_prefix=self.n.prefix)  # kept, whatever names() becomes
         self.zone = next(p["zone"] for p in self.spec["node_pools"])
         self.region = self.zone.rsplit("-", 1)[0]
         console = self.spec.get("console") or {}

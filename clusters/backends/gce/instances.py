@@ -48,7 +48,7 @@ def instance_properties(cloud, pool, role):
     properties = compute_v1.InstanceProperties(
         machine_type=machine["machine_type"],
         labels={**cloud.labels, "tcc-pool": pool["id"], "tcc-role": role},
-        tags=compute_v1.Tags(items=[f"{cloud.n.prefix}-{role}"]),
+        tags=compute_v1.Tags(items=[f"{cloud.n.prefix}-{role}", cloud.n.cluster_tag]),
         disks=[
             compute_v1.AttachedDisk(
                 boot=True,

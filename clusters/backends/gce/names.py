@@ -23,6 +23,11 @@ class Names:
         return f"{self.prefix}-subnet"
 
     @property
+    def cluster_tag(self):
+        """The network tag every VM of the cluster carries: the internal firewall rule admits only it."""
+        return f"{self.prefix}-node"
+
+    @property
     def firewall_internal(self):
         return f"{self.prefix}-internal"
 
@@ -60,9 +65,21 @@ class Names:
         return f"{self.prefix}-{node_name}"
 
 
-def names(project_slug, cluster_name):
-    digest = hashlib.sha256(f"{project_slug}/{cluster_name}".encode()).hexdigest()[:4]
-    return Names(f"{cluster_name[:28].rstrip('-')}-{digest}")
+# 16 hex digits (64 bits) of sha256(project/cluster): two console projects sharing one GCP project
+# cannot collide by chance, and one cannot pick a cluster id whose names (and owner label, the same
+# prefix) land on another's; a 4-digit digest (clusters created before) was 65,536 tries away.
+DIGEST_CHARS = 16
+
+
+def names(project_slug, cluster_name, digest_chars=DIGEST_CHARS):
+    digest = hashlib.sha256(f"{project_slug}/{cluster_name}".encode()).hexdigest()[:digest_chars]
+    return Names(f"{cluster_name[:20].rstrip('-')}-{digest}")
+
+
+def names_for(cluster):
+    """The cluster's names: the prefix it was created with (kept in backend_state), else today's."""
+    prefix = (cluster.backend_state or {}).get("gce_prefix")
+    return Names(prefix) if prefix else names(cluster.project.slug, cluster.name)
 
 
 def is_gpu_pool(pool):

@@ -47,19 +47,20 @@ def create_subnetwork(cloud):
 def create_firewalls(cloud):
     from google.cloud import compute_v1
 
-    source = cloud.network_block.get("subnet_range", "10.0.0.0/8")
     rules = [
         compute_v1.Firewall(
             name=cloud.n.firewall_internal,
             network=cloud.network_url,
-            source_ranges=[source],
+            # The cluster's own VMs only, not everything in the subnet (an existing VPC is shared).
+            source_tags=[cloud.n.cluster_tag],
+            target_tags=[cloud.n.cluster_tag],
             allowed=[compute_v1.Allowed(I_p_protocol="all")],
             description=cloud.description,
         ),
         compute_v1.Firewall(
             name=cloud.n.firewall_ssh,
             network=cloud.network_url,
-            source_ranges=["0.0.0.0/0"],
+            source_ranges=settings.GCE_SSH_SOURCE_RANGES,
             target_tags=[f"{cloud.n.prefix}-login"],
             allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=["22"])],
             description=cloud.description,
