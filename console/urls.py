@@ -26,3 +26,6 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
 ]
+
+handler404 = "console.views.not_found"
+handler500 = "console.views.server_error"

@@ -5,9 +5,12 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
+from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
+from django.views.defaults import page_not_found
+from django.views.defaults import server_error as defaults_server_error
 
 from clusters.views import status_counts
 
@@ -51,6 +54,25 @@ def throttled(username, address):
     return recent.filter(username=username).count() >= settings.LOGIN_FAILURES_PER_USER or (
         address is not None and recent.filter(address=address).count() >= settings.LOGIN_FAILURES_PER_ADDRESS
     )
+
+
+def not_found(request, exception=None):
+    """404 in the shape of the surface asked: JSON on /api/, google.rpc on /v1beta1/, a page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    if request.path.startswith("/v1beta1/"):
+        error = {"code": 404, "message": f"No such resource: {request.path}", "status": "NOT_FOUND"}
+        return JsonResponse({"error": error}, status=404)
+    return page_not_found(request, exception)
+
+
+def server_error(request):
+    """500 without a traceback or a setting in it, in the surface's shape (it is logged, not shown)."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Internal error; it has been logged."}, status=500)
+    if request.path.startswith("/v1beta1/"):
+        return JsonResponse({"error": {"code": 500, "message": "Internal error.", "status": "INTERNAL"}}, status=500)
+    return defaults_server_error(request)
 
 
 def dashboard(request):

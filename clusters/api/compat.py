@@ -239,8 +239,10 @@ class CompatClusters(CompatView):
                 request.query_params.get("pageSize") or request.query_params.get("page_size") or DEFAULT_PAGE_SIZE
             )
         except ValueError:
-            raise invalid("pageSize must be an integer") from None
-        size = max(1, min(size, MAX_PAGE_SIZE))
+            raise invalid("pageSize must be an integer", {"pageSize": ["must be an integer"]}) from None
+        if size < 0:
+            raise invalid("pageSize must be 0 or more", {"pageSize": ["must be 0 (the default size) or more"]})
+        size = min(size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         token = request.query_params.get("pageToken") or request.query_params.get("page_token")
         offset = decode_token(token) if token else 0
         page = list(clusters.order_by("name")[offset : offset + size + 1])
@@ -301,7 +303,8 @@ class CompatSlurmRestApi(CompatView):
 
         cluster = self.cluster(project, location, cluster, access.RUN)
         body = request.data if isinstance(request.data, dict) else {}
-        method = SLURM_METHODS.get(body.get("method", ""))
+        method = body.get("method")
+        method = SLURM_METHODS.get(method) if isinstance(method, str) else None
         path = body.get("path", "")
         violations = {}
         if method is None:
@@ -327,6 +330,16 @@ class CompatSlurmRestApi(CompatView):
         except ValueError:
             answer = raw.decode(errors="replace")
         return Response({"status_code": status, "body": answer})
+
+
+@extend_schema(exclude=True)
+class CompatOpenApi(CompatView):
+    """The OpenAPI document of these paths (clusters/api/compat_schema.py)."""
+
+    def get(self, request):
+        from .compat_schema import document
+
+        return Response(document())
 
 
 @extend_schema(exclude=True)

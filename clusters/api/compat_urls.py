@@ -7,6 +7,7 @@ from . import compat
 PREFIX = "projects/<slug:project>/locations/<slug:location>/"
 
 urlpatterns = [
+    path("openapi.json", compat.CompatOpenApi.as_view(), name="compat-openapi"),
     path(PREFIX + "modelDevelopmentClusters", compat.CompatClusters.as_view(), name="compat-clusters"),
     path(
         PREFIX + "modelDevelopmentClusters/<slug:cluster>:callSlurmRestApi",
