@@ -246,6 +246,8 @@ DEFAULT_CLUSTER_BACKEND = env("DEFAULT_CLUSTER_BACKEND", "local")
 # Keep it short: munge's unix socket lives inside and socket paths are limited to 107 bytes.
 LOCAL_CLUSTERS_DIR = Path(env("LOCAL_CLUSTERS_DIR", str(VAR_DIR / "clusters")))
 LOCAL_MAX_NODES = envint("LOCAL_MAX_NODES", 16)
+# Users' POSIX accounts and projects' groups on clusters start with this (clusters/accounts.py).
+POSIX_ACCOUNT_PREFIX = env("POSIX_ACCOUNT_PREFIX", "tcc-")
 LOCAL_PORT_RANGE = (envint("LOCAL_PORT_MIN", 20000), envint("LOCAL_PORT_MAX", 40000))
 LOCAL_NODE_IDLE_TIMEOUT = envfloat("LOCAL_NODE_IDLE_TIMEOUT", 60)
 # Seconds to pause before each slurmd start; only tests set it, to stop a worker mid-provisioning.

@@ -38,3 +38,4 @@ CELERY_BEAT_SCHEDULE = {
     for name, entry in CELERY_BEAT_SCHEDULE.items()  # noqa: F405
 }
 CELERY_TASK_ROUTES = {task: {"queue": CELERY_PERIODIC_QUEUE} for task, _every in PERIODIC_TASKS.values()}  # noqa: F405
+POSIX_ACCOUNT_PREFIX = "tcct-"  # accounts the tests make; tests/conftest.py removes them

@@ -286,6 +286,9 @@ def stop_local_clusters():
     }
     processes.stop(sorted(doomed))
     shutil.rmtree(root, ignore_errors=True)
+    from clusters.backends.local import accounts
+
+    accounts.remove(settings.POSIX_ACCOUNT_PREFIX)  # the users' accounts the tests made
 
 
 def wait_until(predicate, timeout=60, interval=0.2, message="condition"):

@@ -304,3 +304,49 @@ def test_no_munge_key_jwt_or_token_reaches_a_page_an_answer_or_a_log_line(rita_a
         texts.append(exchange(rita_api, "get", f"/api/v1/projects/rlab/clusters/train/{path}")[1])
     texts.append(caplog.text)
     assert leaks(texts, secrets) == set()
+
+
+def test_a_job_sent_through_slurmrestd_runs_as_the_callers_account_and_other_projects_cannot_read_it(
+    rita_api, train_cluster, django_user_model
+):
+    import subprocess
+
+    from clusters.accounts import account_for
+    from clusters.backends import get_backend
+    from clusters.models import Project
+
+    rita = train_cluster.project.members.get()
+    mine = account_for(rita, train_cluster.project)
+    home = get_backend("local").paths(train_cluster).jobs
+    submit = {
+        "method": "HTTP_METHOD_POST",
+        "path": "/slurm/v0.0.38/job/submit",
+        "body": {
+            "script": "#!/bin/bash\nid -un > whoami.txt\nid -u >> whoami.txt\n",
+            "job": {"name": "whoami", "partition": "cpu", "nodes": 1, "tasks": 1, "time_limit": 5,
+                    "current_working_directory": str(home), "environment": {"PATH": "/usr/bin:/bin"}},
+        },
+    }  # fmt: skip
+    response = rita_api.post(SLURM_REST, submit, format="json")
+    assert response.json()["status_code"] == 200, response.content
+    job_id = response.json()["body"]["job_id"]
+    job = lambda: rita_api.post(  # noqa: E731
+        SLURM_REST, {"method": "HTTP_METHOD_GET", "path": f"/slurm/v0.0.38/job/{job_id}"}, format="json"
+    ).json()["body"]["jobs"][0]
+    wait_until(lambda: job()["job_state"] == "COMPLETED", timeout=60, message="the whoami job")
+    assert job()["user_name"] == mine.name
+    name, uid = (home / "whoami.txt").read_text().split()
+    assert name == mine.name and uid != "0"
+    assert home.stat().st_mode & 0o7777 == 0o2770
+    # An account of another project cannot read this project's cluster home.
+    outsider = django_user_model.objects.create_user("olaf", "olaf@example.com", "olaf-password")
+    elsewhere = Project.objects.create(slug="olab", name="olab")
+    theirs = account_for(outsider, elsewhere)
+    other_home = home.parent / "other-home"
+    other_home.mkdir(exist_ok=True)
+    get_backend("local").ensure_account(train_cluster, theirs)  # makes the account (home: rita's cluster)
+    get_backend("local").ensure_account(train_cluster, mine)  # and hands the home back to rita's group
+    peek = subprocess.run(["runuser", "-u", theirs.name, "--", "cat", str(home / "whoami.txt")], capture_output=True)
+    assert peek.returncode != 0 and b"Permission denied" in peek.stderr
+    own = subprocess.run(["runuser", "-u", mine.name, "--", "cat", str(home / "whoami.txt")], capture_output=True)
+    assert own.returncode == 0 and own.stdout.split()[0].decode() == mine.name

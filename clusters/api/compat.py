@@ -324,7 +324,7 @@ class CompatSlurmRestApi(CompatView):
             raise invalid("Request contains an invalid argument.", violations)
         if cluster.status not in ClusterStatus.usable():
             raise Conflict(f"Cluster {cluster.name} is not running")
-        status, raw = services.call_slurm_rest(cluster, method, path, payload or None)
+        status, raw = services.call_slurm_rest(cluster, method, path, payload or None, user=request.user)
         try:
             answer = json.loads(raw or b"null")
         except ValueError:

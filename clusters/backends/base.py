@@ -145,9 +145,15 @@ class Backend:
         """The folder of fault files the health agent reads on each node (needs injects_faults)."""
         raise PermanentBackendError(f"The {self.name} backend cannot inject faults")
 
-    def call_slurm_rest(self, cluster, method, path, body=None):
-        """Forward a request to the cluster's slurmrestd; returns (HTTP status, raw body)."""
+    def call_slurm_rest(self, cluster, method, path, body=None, account=None):
+        """Forward a request to the cluster's slurmrestd as `account` (a clusters.accounts.Account;
+        None: the console's service account); returns (HTTP status, raw body)."""
         raise PermanentBackendError(f"The {self.name} backend cannot reach slurmrestd yet")
+
+    def ensure_account(self, cluster, account):
+        """Make `account` (user, and its project group) exist on the cluster's nodes, in the group
+        that owns the cluster's shared home (idempotent)."""
+        raise PermanentBackendError(f"The {self.name} backend cannot make user accounts yet")
 
     def job_status(self, cluster, job_id):
         """The job's JobStatus while Slurm still knows it, else None."""

@@ -6,6 +6,7 @@ know how to answer (a 503 when the cluster is not answering, a 409 when it canno
 
 from console.errors import Conflict, Unavailable
 
+from ..accounts import account_for
 from ..backends import all_backends, get_backend
 from ..choices import NodeRole
 from ..work import BackendError
@@ -64,9 +65,14 @@ def drain(cluster, node, reason):
     return call(cluster, "drain", node, reason)
 
 
-def call_slurm_rest(cluster, method, path, body=None):
-    """(HTTP status, raw body) of one request to the cluster's slurmrestd."""
-    return call(cluster, "call_slurm_rest", method, path, body)
+def call_slurm_rest(cluster, method, path, body=None, user=None):
+    """(HTTP status, raw body) of one request to the cluster's slurmrestd, as `user`'s POSIX account
+    in the cluster's project (made on first use); without a user, as the console's service account."""
+    account = None
+    if user is not None:
+        account = account_for(user, cluster.project)
+        call(cluster, "ensure_account", account)
+    return call(cluster, "call_slurm_rest", method, path, body, account)
 
 
 def inject_fault(cluster, node):

@@ -18,7 +18,7 @@ from ...choices import NodeState
 from ...slurm.client import parse_sinfo, parse_squeue, run_client
 from ...spec import pool_node_count
 from ..base import Backend, Step
-from . import conf, daemons, ports, remediation
+from . import accounts, conf, daemons, ports, remediation
 from .paths import paths_for, prepare
 
 
@@ -144,8 +144,12 @@ class LocalBackend(Backend):
             return None  # Slurm has forgotten the job (older than MinJobAge)
         return next((job for job in parse_squeue(result.stdout) if job.job_id == job_id), None)
 
-    def call_slurm_rest(self, cluster, method, path, body=None):
-        return daemons.call_slurm_rest(cluster, paths_for(cluster), method, path, body)
+    def call_slurm_rest(self, cluster, method, path, body=None, account=None):
+        user = account.name if account is not None else "root"
+        return daemons.call_slurm_rest(cluster, paths_for(cluster), method, path, body, user=user)
+
+    def ensure_account(self, cluster, account):
+        accounts.ensure(account, paths_for(cluster).jobs)
 
     # -- remediation --------------------------------------------------------------------------
 

@@ -191,19 +191,20 @@ def start_slurmrestd(cluster, paths):
     Backend.save_state(cluster, slurmrestd_conf=conf.digest(paths))
 
 
-def call_slurm_rest(cluster, paths, method, path, body=None):
-    """Forward one request to the cluster's slurmrestd as root, with a short-lived JWT."""
+def call_slurm_rest(cluster, paths, method, path, body=None, user="root"):
+    """Forward one request to the cluster's slurmrestd as `user`, with a JWT minted for that user
+    alone (5 minutes): Slurm runs what the request submits as that user."""
     port = cluster.backend_state.get("ports", {}).get("slurmrestd")
     if not port:
         raise PermanentBackendError("this cluster has no slurmrestd (it was created before slurmrestd was added)")
-    token = run_client(paths.conf, "scontrol", "token", "username=root", "lifespan=300").stdout.strip()
+    token = run_client(paths.conf, "scontrol", "token", f"username={user}", "lifespan=300").stdout.strip()
     token = token.split("=", 1)[1] if token.startswith("SLURM_JWT=") else token
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}",
         data=data,
         method=method,
-        headers={"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": token, "Content-Type": "application/json"},
+        headers={"X-SLURM-USER-NAME": user, "X-SLURM-USER-TOKEN": token, "Content-Type": "application/json"},
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
