@@ -283,6 +283,8 @@ class Operation(models.Model):
                 name="one_active_operation_per_cluster",
             )
         ]
+        # A cluster's operations newest first, by kind (the scans list, repairs, the latest operation).
+        indexes = [models.Index(fields=["cluster", "kind", "-created"], name="operations_by_kind")]
 
     def __str__(self):
         return f"{self.kind.lower()} {self.cluster} ({self.status})"
@@ -420,6 +422,8 @@ class ClusterEvent(models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
+        # The timeline pages read a cluster's newest events (benchmarks/history_growth.py).
+        indexes = [models.Index(fields=["cluster", "-created", "-id"], name="events_timeline")]
 
     def __str__(self):
         return self.message[:80]

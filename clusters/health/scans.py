@@ -16,7 +16,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from console.errors import FieldErrors
 
@@ -363,11 +363,10 @@ def evaluate_links(reports, limits):
 
 def scans_of(cluster):
     """Operations that scanned: scans, creates ending with their first scan, repairs that verified."""
-    return (
-        cluster.operations.filter(Q(kind=OperationKind.SCAN) | Q(health_results__isnull=False))
-        .distinct()
-        .order_by("-created")
-    )
+    # EXISTS, not a join with DISTINCT: the join grew with every result ever kept (a year of daily
+    # scans made the health fragment 7x slower, benchmarks/history_growth.py).
+    scanned = HealthResult.objects.filter(operation=OuterRef("pk"))
+    return cluster.operations.filter(Q(kind=OperationKind.SCAN) | Q(Exists(scanned))).order_by("-created")
 
 
 def latest_per_check(cluster):
