@@ -337,3 +337,33 @@ def test_outsiders_see_none_of_it(client, charlie, charlies_project, cluster):
     api = api_client_for(charlie)
     for path in ("nodes/cpu-0/", "repairs/", "health/schedule/", "scans/"):
         assert api.get(API + path).status_code == 404
+
+
+def test_with_slurmctld_killed_pages_keep_the_last_state_with_a_banner_and_nothing_is_repaired(
+    rosa_web, rosa_api, cluster
+):
+    from clusters import processes
+    from clusters.backends.local import daemons
+
+    paths = get_backend("local").paths(cluster)
+    assert services.refresh_nodes(cluster) == ""
+    last_known = sorted(cluster.compute_nodes().values_list("name", "slurm_state"))
+    before = Operation.objects.filter(cluster=cluster).count()
+    processes.stop(processes.find_pids("slurmctld", str(paths.conf)))
+    try:
+        for _ in range(3):  # three watch rounds (the beat runs one every 15 s): no repair storm
+            assert repair.watch(cluster) is None
+        assert Operation.objects.filter(cluster=cluster).count() == before
+        nodes = rosa_web.get("/clusters/rlab/train/nodes/").content.decode()
+        assert "Slurm is not answering" in nodes and "showing the last known states" in nodes
+        for name, state in last_known:
+            assert name in nodes and f">{state}<" in nodes
+        assert sorted(cluster.compute_nodes().values_list("name", "slurm_state")) == last_known
+        assert rosa_web.get("/clusters/rlab/train/").status_code == 200
+        assert "Slurm is not answering" in rosa_api.get(API + "jobs/")["Warning"]
+        assert Cluster.objects.get(pk=cluster.pk).status == ClusterStatus.READY
+    finally:
+        daemons.start_slurmctld(Cluster.objects.get(pk=cluster.pk), paths)
+    wait_until(lambda: services.refresh_nodes(cluster) == "", timeout=60, message="Slurm to answer again")
+    assert repair.watch(cluster) is None  # back: still nothing to repair
+    assert Operation.objects.filter(cluster=cluster).count() == before
