@@ -350,3 +350,39 @@ def test_a_job_sent_through_slurmrestd_runs_as_the_callers_account_and_other_pro
     assert peek.returncode != 0 and b"Permission denied" in peek.stderr
     own = subprocess.run(["runuser", "-u", mine.name, "--", "cat", str(home / "whoami.txt")], capture_output=True)
     assert own.returncode == 0 and own.stdout.split()[0].decode() == mine.name
+
+
+def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(rita_api, train_cluster, client):
+    """The module's last test: it deletes the module's cluster."""
+    from clusters import processes
+    from clusters.backends import get_backend
+    from clusters.models import Operation
+    from clusters.operations import engine
+    from clusters.slurm.client import run_client
+
+    backend = get_backend("local")
+    paths = backend.paths(train_cluster)
+    client.force_login(train_cluster.project.members.get())
+    assert client.get("/clusters/rlab/train/tensorboard/").status_code == 200  # starts TensorBoard
+    job = {"script": "#!/bin/bash\nsleep 600\n", "job": {"name": "long", "partition": "cpu", "nodes": 1,
+           "current_working_directory": "/tmp", "environment": {"PATH": "/usr/bin:/bin"}}}  # fmt: skip
+    sent = rita_api.post(SLURM_REST, {"method": "HTTP_METHOD_POST", "path": "/slurm/v0.0.38/job/submit", "body": job},
+                         format="json")  # fmt: skip
+    job_id = sent.json()["body"]["job_id"]
+    wait_until(lambda: processes.job_processes(str(paths.conf)), timeout=60, message=f"job {job_id}'s processes to run")
+    backend.hold(train_cluster, "tcc-hold-leftover", ["cpu-1"])
+    assert "tcc-hold-leftover" in run_client(paths.conf, "scontrol", "show", "reservation").stdout
+    tensorboard = [pid for pid, argv in processes.command_lines() if "tensorboard" in " ".join(argv)
+                   and str(paths.root) in " ".join(argv)]  # fmt: skip
+    assert tensorboard
+
+    response = rita_api.delete("/api/v1/projects/rlab/clusters/train/")
+    assert response.status_code == 202, response.content
+    engine.run(Operation.objects.get(uuid=response.json()["id"]).pk)
+
+    root, conf = str(paths.root), str(paths.conf)
+    assert not paths.root.exists()
+    still = [pid for pid, argv in processes.command_lines() if any(root in arg for arg in argv)]
+    still += [pid for pid, _ in processes.command_lines() if processes.environ(pid).get("SLURM_CONF") == conf]
+    assert still == []
+    assert not processes.job_processes(conf)

@@ -5,6 +5,7 @@ never starts a second daemon. Every wait is a heartbeat of the step it runs in.
 """
 
 import json
+import os
 import subprocess
 import time
 import urllib.error
@@ -77,13 +78,37 @@ def stop_slurmd(paths, node):
     processes.stop(processes.find_pids("slurmd", str(paths.conf), node))
 
 
+def cancel_jobs(paths):
+    """Cancel every job of the cluster while slurmctld still runs (a job's processes outlive a slurmd
+    stopped under them); nothing to do when the controller is already gone."""
+    if not paths.conf.exists() or not controller_up(paths):
+        return
+    listed = run_client(paths.conf, "squeue", "--noheader", "--format=%i", timeout=15, check=False)
+    ids = listed.stdout.split()
+    if ids:
+        run_client(paths.conf, "scancel", *ids, timeout=30, check=False)
+
+
+def leftovers(paths):
+    """Pids of whatever still runs for the cluster: anything naming its folder on its command line
+    (TensorBoard's --logdir, a daemon) or running with its slurm.conf (a job step, a login shell)."""
+    root = str(paths.root)
+    named = {pid for pid, argv in processes.command_lines() if any(root in arg for arg in argv)}
+    conf = str(paths.conf)
+    envs = {pid for pid, _argv in processes.command_lines() if processes.environ(pid).get("SLURM_CONF") == conf}
+    return sorted((named | envs) - {os.getpid()})
+
+
 def stop_all(paths):
-    """The delete steps' work, in order: slurmrestd, every slurmd, slurmctld, munged."""
+    """The delete steps' work, in order: the jobs, slurmrestd, every slurmd, slurmctld, munged, then
+    anything of the cluster still running (job steps, TensorBoard)."""
     return [
+        ("every job", lambda: cancel_jobs(paths)),
         ("slurmrestd", lambda: processes.stop(processes.find_pids("slurmrestd", str(paths.conf)))),
         ("slurmd on every node", lambda: processes.stop(processes.find_pids("slurmd", str(paths.conf)))),
         ("slurmctld", lambda: processes.stop(processes.find_pids("slurmctld", str(paths.conf)))),
         ("munged", lambda: processes.stop(processes.find_pids("munged", str(paths.munge_socket)))),
+        ("what is left (job steps, TensorBoard)", lambda: processes.stop(leftovers(paths))),
     ]
 
 
