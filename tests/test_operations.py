@@ -236,3 +236,24 @@ def test_checkpoint_keys_are_written_one_at_a_time_and_survive_a_reload(alpha, a
     fresh = Operation.objects.get(pk=operation.pk)
     assert dict(fresh.checkpoint) == {"jobs": {"cpu": 8}, "nodes": {"cpu": ["cpu-0"]}}
     assert fresh.params == {}
+
+
+def test_the_retry_budget_is_the_operations_own_not_a_messages(alpha, alice, settings):
+    """A step that kills its worker every time arrives in a fresh message each time it is resumed;
+    the budget still runs out, because it counts the operation's attempts."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.OPERATION_MAX_RETRIES = 2
+    operation = create(alpha, alice, "ok")
+    for attempt in (1, 2, 3):  # three workers took it and died mid-step (silent, never finished)
+        Operation.objects.filter(pk=operation.pk).update(
+            status=OperationStatus.RUNNING, attempts=attempt, heartbeat=timezone.now() - timedelta(hours=1),
+            step="Second step",
+        )  # fmt: skip
+    engine.run(operation.pk, stale_after=0)  # the fourth delivery, e.g. from resume_stale_operations
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.FAILED
+    assert operation.error == "gave up after 3 attempts (Second step)"
+    assert Cluster.objects.get().status == ClusterStatus.FAILED

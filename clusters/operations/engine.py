@@ -92,6 +92,12 @@ def run(operation_id, stale_after=None):
     if not operation.claim(stale_before=timezone.now() - timedelta(seconds=stale_after)):
         log.info("operation %s is being worked elsewhere; skipping", operation_id)
         return
+    if operation.attempts > settings.OPERATION_MAX_RETRIES + 1:
+        # The budget is the operation's own (its attempts column), not a Celery message's retry
+        # count: a resumed operation arrives in a fresh message, so a step that keeps killing its
+        # worker would otherwise be retried for ever.
+        fail(operation.pk, f"gave up after {operation.attempts - 1} attempts ({operation.step or 'before a step'})")
+        return
     kind, extensions = registry.kind(operation.kind), registry.extensions(operation.kind)
     ctx = Context(operation)
     if operation.attempts > 1:
@@ -134,6 +140,10 @@ def run_steps(ctx, steps):
                 step=step.name,
                 message=f"{step.name}: done in {time.monotonic() - started:.1f} s",
             )
+
+
+def attempts(operation_id):
+    return Operation.objects.filter(pk=operation_id).values_list("attempts", flat=True).first() or 0
 
 
 def fail(operation_id, message):

@@ -16,10 +16,11 @@ def run_operation_task(self, operation_id, stale_after=None):
     try:
         engine.run(operation_id, stale_after=stale_after)
     except TransientBackendError as exc:
-        if self.request.retries >= settings.OPERATION_MAX_RETRIES:
-            engine.fail(operation_id, f"{exc} (gave up after {self.request.retries + 1} attempts)")
+        attempts = engine.attempts(operation_id)  # counted per operation, across messages and workers
+        if attempts > settings.OPERATION_MAX_RETRIES:
+            engine.fail(operation_id, f"{exc} (gave up after {attempts} attempts)")
             return
-        raise self.retry(exc=exc, countdown=min(60, 2 ** (self.request.retries + 1))) from None
+        raise self.retry(exc=exc, countdown=min(60, 2**attempts), max_retries=None) from None
 
 
 @shared_task(name="clusters.tasks.resume_stale_operations", soft_time_limit=60)
