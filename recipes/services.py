@@ -7,6 +7,7 @@ Slurm's job state and is recorded in the console's database, so history survives
 """
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -178,6 +179,7 @@ def resolve_config(launch, work_dir):
 def render_script(run_name, launch, work_dir):
     """The sbatch script: one task per node, requeued on node failure, output appended across requeues."""
     python = shlex.quote(sys.executable)
+    cache = shlex.quote(str(work_dir / ".cache"))
     return "\n".join(
         [
             "#!/bin/bash",
@@ -189,6 +191,8 @@ def render_script(run_name, launch, work_dir):
             "#SBATCH --open-mode=append",
             "#SBATCH --requeue",
             "set -euo pipefail",
+            # The job runs as its user's account: caches go in the run's folder, not a home it may lack.
+            f"export XDG_CACHE_HOME={cache} HF_HOME={cache}/huggingface",
             f"cd {shlex.quote(str(settings.BASE_DIR))}",
             f"srun {python} -m recipes.train {shlex.quote(str(work_dir / 'config.json'))}",
             "",
@@ -210,7 +214,23 @@ def run_dir(cluster, run_id):
     return Path(clusters.shared_dir(cluster)) / "runs" / str(run_id)
 
 
+def interpreter_problem():
+    """Why users' accounts could not start this console's Python (a run runs as its user), or ""."""
+    real = Path(os.path.realpath(sys.executable))
+    blocked = [p for p in [*reversed(real.parents), real] if not os.stat(p).st_mode & 0o001]
+    if blocked:
+        return (
+            f"runs start {sys.executable} as the user's own account, but {blocked[0]} is closed to other "
+            "accounts; rebuild the virtualenv from a Python every account can reach (scripts/bootstrap.sh "
+            "uses /usr/bin/python3)"
+        )
+    return ""
+
+
 def launch_run(*, cluster, data, user=None):
+    problem = interpreter_problem() if user is not None else ""
+    if problem:
+        raise Conflict(f"Cannot launch on this console: {problem}")
     if not cluster.is_usable:
         raise Conflict(
             f"Cluster '{cluster.name}' is {cluster.get_status_display().lower()}; runs start on a ready cluster"
@@ -237,7 +257,7 @@ def launch_run(*, cluster, data, user=None):
     (work_dir / "config.json").write_text(json.dumps(run.config, indent=2))
     (work_dir / "job.sbatch").write_text(run.script)
     try:
-        run.slurm_job_id = clusters.submit_batch(cluster, work_dir / "job.sbatch")
+        run.slurm_job_id = clusters.submit_batch(cluster, work_dir / "job.sbatch", user=user)
     except ConsoleError as exc:
         raise FieldErrors({"cluster": [f"sbatch failed: {exc.message}"]}) from None
     with transaction.atomic():

@@ -23,7 +23,14 @@ for unit in slurmctld slurmd munge; do
   fi
 done
 
-PYTHON=${PYTHON:-python3}
+# Users' jobs (recipe runs) run the venv's interpreter as the users' own accounts, so it must live
+# where every account can reach it: Debian's python3, not one under /root (pyenv's, say).
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=python3
+  if /usr/bin/python3 -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    PYTHON=/usr/bin/python3
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi

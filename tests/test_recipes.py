@@ -111,6 +111,13 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     checkpoint = Path(done["work_dir"]) / "checkpoints" / "step-40"
     assert json.loads((checkpoint / "meta.json").read_text())["world"] == 2
     assert {p.name for p in checkpoint.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
+    # It ran as rita's own account, not root: the checkpoint is that account's.
+    import pwd
+
+    from clusters.accounts import account_for
+
+    account = account_for(train_cluster.project.members.get(), train_cluster.project)
+    assert (checkpoint / "meta.json").stat().st_uid == pwd.getpwnam(account.name).pw_uid != 0
 
     # The run page draws the loss and shows the log; its live part stops polling once done.
     client.force_login(train_cluster.project.members.get())

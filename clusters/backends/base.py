@@ -100,8 +100,10 @@ class Backend:
         """Environment a user sets on the login node to reach this cluster's Slurm ({} when nothing)."""
         return {}
 
-    def submit_batch(self, cluster, script_path):
-        """Submit an sbatch script that lies in shared_dir(); returns the Slurm job id."""
+    def submit_batch(self, cluster, script_path, account=None):
+        """Submit an sbatch script that lies in shared_dir(); returns the Slurm job id. With an
+        `account` (clusters.accounts.Account) the job is that account's: its folder becomes the
+        account's and Slurm runs it as the account; without, as the console's service account."""
         raise PermanentBackendError(f"The {self.name} backend cannot submit jobs yet")
 
     def cancel_job(self, cluster, job_id):

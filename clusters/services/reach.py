@@ -49,8 +49,14 @@ def shared_dir(cluster):
     return call(cluster, "shared_dir")
 
 
-def submit_batch(cluster, script_path):
-    return call(cluster, "submit_batch", script_path)
+def submit_batch(cluster, script_path, user=None):
+    """Submit the sbatch script (in shared_dir()) as `user`'s POSIX account in the cluster's project,
+    made on first use; the script's folder becomes the account's. Without a user: the service account."""
+    account = None
+    if user is not None:
+        account = account_for(user, cluster.project)
+        call(cluster, "ensure_account", account)
+    return call(cluster, "submit_batch", script_path, account)
 
 
 def job_status(cluster, job_id):

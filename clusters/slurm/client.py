@@ -9,15 +9,19 @@ from ..work import TransientBackendError
 from .states import JobStatus, NodeStatus
 
 
-def run_client(conf, *args, timeout=20, check=True, cwd=None):
-    """Run a Slurm client command (sinfo, squeue, scontrol, sbatch) against the cluster's slurm.conf.
+def run_client(conf, *args, timeout=20, check=True, cwd=None, user=None):
+    """Run a Slurm client command (sinfo, squeue, scontrol, sbatch) against the cluster's slurm.conf,
+    as `user` when given (root hands the command over with runuser; Slurm then sees that user).
 
     It runs in `cwd` (default: the folder of slurm.conf), never in the worker's own directory: a job
     submitted without --output writes slurm-<id>.out where it was submitted from."""
     env = {"SLURM_CONF": str(conf), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
+    command = [program(args[0]), *args[1:]]
+    if user is not None:
+        command = ["runuser", "-u", user, "--", *command]
     try:
         result = subprocess.run(
-            [program(args[0]), *args[1:]],
+            command,
             env=env,
             cwd=cwd or Path(conf).parent,
             capture_output=True,

@@ -130,9 +130,14 @@ class LocalBackend(Backend):
     def login_env(self, cluster):
         return {"SLURM_CONF": str(paths_for(cluster).conf)}
 
-    def submit_batch(self, cluster, script_path):
+    def submit_batch(self, cluster, script_path, account=None):
         paths = paths_for(cluster)
-        result = run_client(paths.conf, "sbatch", "--parsable", str(script_path), timeout=30, cwd=paths.jobs)
+        if account is not None:
+            accounts.hand_over(script_path.parent, account)
+        result = run_client(
+            paths.conf, "sbatch", "--parsable", str(script_path), timeout=30, cwd=script_path.parent,
+            user=account.name if account is not None else None,
+        )  # fmt: skip
         return int(result.stdout.strip().split(";")[0])
 
     def cancel_job(self, cluster, job_id):
