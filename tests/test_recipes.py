@@ -191,7 +191,15 @@ def test_cancelling_a_run_cancels_its_slurm_job(rita_api, train_cluster):
 SLURM_REST = "/v1beta1/projects/rlab/locations/us-central1/modelDevelopmentClusters/train:callSlurmRestApi"
 
 
-def test_automation_submits_lists_and_cancels_jobs_through_slurmrestd(rita_api):
+def cluster_home(cluster):
+    """Where jobs sent through slurmrestd write: the cluster's own home. Not /tmp, where a
+    slurm-<id>.out left by an older cluster's job of the same id (and another owner) fails the job."""
+    from clusters.backends import get_backend
+
+    return str(get_backend("local").paths(cluster).jobs)
+
+
+def test_automation_submits_lists_and_cancels_jobs_through_slurmrestd(rita_api, train_cluster):
     submit = {
         "method": "HTTP_METHOD_POST",
         "path": "/slurm/v0.0.38/job/submit",
@@ -203,7 +211,7 @@ def test_automation_submits_lists_and_cancels_jobs_through_slurmrestd(rita_api):
                 "nodes": 1,
                 "tasks": 1,
                 "time_limit": 5,
-                "current_working_directory": "/tmp",
+                "current_working_directory": cluster_home(train_cluster),
                 "environment": {"PATH": "/usr/bin:/bin"},
             },
         },
@@ -371,10 +379,18 @@ def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(ri
     paths = backend.paths(train_cluster)
     client.force_login(train_cluster.project.members.get())
     assert client.get("/clusters/rlab/train/tensorboard/").status_code == 200  # starts TensorBoard
-    job = {"script": "#!/bin/bash\nsleep 600\n", "job": {"name": "long", "partition": "cpu", "nodes": 1,
-           "current_working_directory": "/tmp", "environment": {"PATH": "/usr/bin:/bin"}}}  # fmt: skip
-    sent = rita_api.post(SLURM_REST, {"method": "HTTP_METHOD_POST", "path": "/slurm/v0.0.38/job/submit", "body": job},
-                         format="json")  # fmt: skip
+    job = {
+        "script": "#!/bin/bash\nsleep 600\n",
+        "job": {
+            "name": "long",
+            "partition": "cpu",
+            "nodes": 1,
+            "current_working_directory": cluster_home(train_cluster),
+            "environment": {"PATH": "/usr/bin:/bin"},
+        },
+    }
+    submit = {"method": "HTTP_METHOD_POST", "path": "/slurm/v0.0.38/job/submit", "body": job}
+    sent = rita_api.post(SLURM_REST, submit, format="json")
     job_id = sent.json()["body"]["job_id"]
     wait_until(lambda: processes.job_processes(str(paths.conf)), timeout=60, message=f"job {job_id}'s processes to run")
     backend.hold(train_cluster, "tcc-hold-leftover", ["cpu-1"])
