@@ -52,11 +52,7 @@ def shared_dir(cluster):
 def submit_batch(cluster, script_path, user=None):
     """Submit the sbatch script (in shared_dir()) as `user`'s POSIX account in the cluster's project,
     made on first use; the script's folder becomes the account's. Without a user: the service account."""
-    account = None
-    if user is not None:
-        account = account_for(user, cluster.project)
-        call(cluster, "ensure_account", account)
-    return call(cluster, "submit_batch", script_path, account)
+    return call(cluster, "submit_batch", script_path, account_of(cluster, user))
 
 
 def job_status(cluster, job_id):
@@ -74,11 +70,17 @@ def drain(cluster, node, reason):
 def call_slurm_rest(cluster, method, path, body=None, user=None):
     """(HTTP status, raw body) of one request to the cluster's slurmrestd, as `user`'s POSIX account
     in the cluster's project (made on first use); without a user, as the console's service account."""
-    account = None
-    if user is not None:
-        account = account_for(user, cluster.project)
-        call(cluster, "ensure_account", account)
-    return call(cluster, "call_slurm_rest", method, path, body, account)
+    return call(cluster, "call_slurm_rest", method, path, body, account_of(cluster, user))
+
+
+def account_of(cluster, user):
+    """`user`'s account in the cluster's project, made on the cluster if need be; None without a user
+    (the backend then acts as the console's service account)."""
+    if user is None:
+        return None
+    account = account_for(user, cluster.project)
+    call(cluster, "ensure_account", account)
+    return account
 
 
 def inject_fault(cluster, node):
