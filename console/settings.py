@@ -179,11 +179,18 @@ PERIODIC_TASKS = {
     # Record run transitions even when nobody watches the run page.
     "refresh-active-runs": ("recipes.tasks.refresh_active_runs", 15.0),
 }
-CELERY_BEAT_SCHEDULE = {
-    name: {"task": task, "schedule": every, "options": {"queue": CELERY_PERIODIC_QUEUE, "expires": every}}
-    for name, (task, every) in PERIODIC_TASKS.items()
-}
-CELERY_TASK_ROUTES = {task: {"queue": CELERY_PERIODIC_QUEUE} for task, _every in PERIODIC_TASKS.values()}
+
+
+def periodic(queue):
+    """(beat schedule, task routes) putting every periodic task on `queue`, expiring at its interval."""
+    schedule = {
+        name: {"task": task, "schedule": every, "options": {"queue": queue, "expires": every}}
+        for name, (task, every) in PERIODIC_TASKS.items()
+    }
+    return schedule, {task: {"queue": queue} for task, _every in PERIODIC_TASKS.values()}
+
+
+CELERY_BEAT_SCHEDULE, CELERY_TASK_ROUTES = periodic(CELERY_PERIODIC_QUEUE)
 
 # Retention (clusters/retention.py, pruned hourly): days kept.
 EVENTS_KEEP_DAYS = envint("EVENTS_KEEP_DAYS", 90)

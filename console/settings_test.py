@@ -33,9 +33,5 @@ OPERATION_CHECK_BROKER = False
 if os.environ.get("CONSOLE_SCRIPTED_BACKEND"):
     CLUSTER_BACKENDS = {**CLUSTER_BACKENDS, "scripted": "tests.backends.ScriptedBackend"}  # noqa: F405
 CELERY_PERIODIC_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-periodic"
-CELERY_BEAT_SCHEDULE = {
-    name: {**entry, "options": {**entry["options"], "queue": CELERY_PERIODIC_QUEUE}}
-    for name, entry in CELERY_BEAT_SCHEDULE.items()  # noqa: F405
-}
-CELERY_TASK_ROUTES = {task: {"queue": CELERY_PERIODIC_QUEUE} for task, _every in PERIODIC_TASKS.values()}  # noqa: F405
+CELERY_BEAT_SCHEDULE, CELERY_TASK_ROUTES = periodic(CELERY_PERIODIC_QUEUE)  # noqa: F405
 POSIX_ACCOUNT_PREFIX = "tcct-"  # accounts the tests make; tests/conftest.py removes them
