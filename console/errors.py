@@ -74,3 +74,17 @@ def page_message(exc):
     if isinstance(exc, FieldErrors):
         return "; ".join(reason for reasons in exc.errors.values() for reason in reasons)
     return exc.message
+
+
+def surface_error(request, http, detail, rpc_status, *, rpc_http=None, rpc_message=None):
+    """The error answer of the API `request` is on: {"detail"} on /api/, google.rpc on /v1beta1/ (its
+    own HTTP status and message where the service's differ); None on a page, which renders its own."""
+    from django.http import JsonResponse
+
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": detail}, status=http)
+    if request.path.startswith("/v1beta1/"):
+        code = rpc_http or http
+        error = {"code": code, "message": rpc_message or detail, "status": rpc_status}
+        return JsonResponse({"error": error}, status=code)
+    return None

@@ -1,7 +1,9 @@
 """Request-level limits that must hold before a view (or Django's multipart parser) reads the body."""
 
 from django.conf import settings
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse
+
+from .errors import surface_error
 
 
 class RequestSizeLimit:
@@ -22,16 +24,11 @@ class RequestSizeLimit:
         limit = settings.REQUEST_MAX_BYTES
         if length > limit:
             message = f"Request body refused: it is larger than {limit:,} bytes."
-            if request.path.startswith("/api/"):
-                return JsonResponse({"detail": message}, status=413)
-            if request.path.startswith("/v1beta1/"):
-                error = {
-                    "code": 400,
-                    "message": f"Request payload size exceeds the limit: {limit} bytes.",
-                    "status": "INVALID_ARGUMENT",
-                }
-                return JsonResponse({"error": error}, status=400)
-            return HttpResponse(message, status=413, content_type="text/plain")
+            answer = surface_error(
+                request, 413, message, "INVALID_ARGUMENT", rpc_http=400,
+                rpc_message=f"Request payload size exceeds the limit: {limit} bytes.",
+            )  # fmt: skip
+            return answer or HttpResponse(message, status=413, content_type="text/plain")
         return self.get_response(request)
 
 

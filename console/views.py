@@ -5,7 +5,6 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
-from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -15,6 +14,7 @@ from django.views.defaults import server_error as defaults_server_error
 from clusters.views import status_counts
 
 from . import access
+from .errors import surface_error
 from .models import APIToken, SignInFailure
 
 
@@ -58,21 +58,16 @@ def throttled(username, address):
 
 def not_found(request, exception=None):
     """404 in the shape of the surface asked: JSON on /api/, google.rpc on /v1beta1/, a page elsewhere."""
-    if request.path.startswith("/api/"):
-        return JsonResponse({"detail": "Not found."}, status=404)
-    if request.path.startswith("/v1beta1/"):
-        error = {"code": 404, "message": f"No such resource: {request.path}", "status": "NOT_FOUND"}
-        return JsonResponse({"error": error}, status=404)
-    return page_not_found(request, exception)
+    answer = surface_error(request, 404, "Not found.", "NOT_FOUND", rpc_message=f"No such resource: {request.path}")
+    return answer or page_not_found(request, exception)
 
 
 def server_error(request):
     """500 without a traceback or a setting in it, in the surface's shape (it is logged, not shown)."""
-    if request.path.startswith("/api/"):
-        return JsonResponse({"detail": "Internal error; it has been logged."}, status=500)
-    if request.path.startswith("/v1beta1/"):
-        return JsonResponse({"error": {"code": 500, "message": "Internal error.", "status": "INTERNAL"}}, status=500)
-    return defaults_server_error(request)
+    answer = surface_error(
+        request, 500, "Internal error; it has been logged.", "INTERNAL", rpc_message="Internal error."
+    )
+    return answer or defaults_server_error(request)
 
 
 def dashboard(request):
