@@ -31,6 +31,11 @@ class ClusterStatus(models.TextChoices):
         return cls.usable() | {cls.VERIFYING}
 
     @classmethod
+    def synced(cls):
+        """Slurm may be up: the periodic sync pulls its nodes and jobs into the database."""
+        return cls.watched() | {cls.PROVISIONING, cls.UPDATING}
+
+    @classmethod
     def deletable(cls):
         return {cls.DRAFT, cls.VERIFYING, cls.READY, cls.DEGRADED, cls.FAILED}
 

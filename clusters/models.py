@@ -467,6 +467,31 @@ class SlurmJob(models.Model):
         return int((end - self.start_time).total_seconds())
 
 
+class SlurmSync(models.Model):
+    """When the periodic sync last pulled the cluster's nodes and jobs from Slurm, and since when Slurm
+    has not answered. Pages read this beside the rows the sync wrote ("as of HH:MM:SS")."""
+
+    cluster = models.OneToOneField(Cluster, models.CASCADE, primary_key=True, related_name="slurm_sync")
+    synced = models.DateTimeField(null=True, blank=True)  # the last sync that reached Slurm
+    attempted = models.DateTimeField(null=True, blank=True)
+    failing_since = models.DateTimeField(null=True, blank=True)  # first failure of the current run of them
+    error = models.CharField(max_length=500, blank=True)
+    # A sync holds the cluster until then (compare-and-set), so two workers never sync it at once.
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    nodes_written = models.PositiveIntegerField(default=0)  # rows the last sync changed
+    jobs_written = models.PositiveIntegerField(default=0)
+
+    def __str__(self):
+        return f"sync of {self.cluster_id}"
+
+    def is_stale(self, now=None):
+        """No sync has reached Slurm within SLURM_STALE_SECONDS (or Slurm is failing now)."""
+        now = now or timezone.now()
+        if self.failing_since or self.synced is None:
+            return True
+        return (now - self.synced).total_seconds() > settings.SLURM_STALE_SECONDS
+
+
 class HealthResult(models.Model):
     """One check's result on one node in one scan (an Operation of kind SCAN)."""
 

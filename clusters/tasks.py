@@ -1,16 +1,41 @@
-"""Thin Celery tasks for the periodic work of clusters (health watch, scheduled scans, pruning); they
+"""Thin Celery tasks for the periodic work of clusters (Slurm sync, health watch, scheduled scans,
+pruning); they
 take ids, never model instances. The operation tasks live beside the engine (clusters.operations.tasks)."""
 
 from celery import shared_task
 from django.conf import settings
 
-from . import retention
+from . import retention, services
 from .choices import ClusterStatus
 from .health import repair, schedule
 from .models import Cluster
 from .operations.tasks import resume_stale_operations, run_operation_task
 
-__all__ = ["prune_history", "resume_stale_operations", "run_due_scans", "run_operation_task", "watch_clusters"]
+__all__ = [
+    "prune_history",
+    "resume_stale_operations",
+    "run_due_scans",
+    "run_operation_task",
+    "sync_cluster",
+    "sync_clusters",
+    "watch_clusters",
+]
+
+
+@shared_task(soft_time_limit=30)
+def sync_clusters():
+    """Send one sync per cluster whose Slurm may be up; each expires when the next round is due."""
+    ids = Cluster.objects.filter(status__in=ClusterStatus.synced()).values_list("pk", flat=True)
+    for cluster_id in ids:
+        sync_cluster.apply_async((cluster_id,), expires=settings.SLURM_SYNC_SECONDS)
+
+
+@shared_task(soft_time_limit=60)
+def sync_cluster(cluster_id):
+    """Pull one cluster's nodes and jobs from Slurm into the database (clusters.services.sync)."""
+    cluster = Cluster.objects.filter(pk=cluster_id).select_related("project").first()
+    if cluster is not None:
+        services.sync_cluster(cluster)
 
 
 @shared_task(soft_time_limit=120)

@@ -3,9 +3,11 @@
 import copy
 import json
 from pathlib import Path
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
+from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -100,19 +102,56 @@ def cluster_operation(request, project, name):
     )
 
 
+NODES_PER_PAGE = 100
+
+
 def cluster_nodes(request, project, name):
+    """Each node as of the last Slurm sync (the database only; no Slurm call), a page at a time, with
+    a count of nodes per Slurm state; the fragment polls its own page."""
     cluster = cluster_for(request, project, name)
-    error = services.refresh_nodes(cluster)
-    nodes = cluster.nodes.select_related("node_pool").prefetch_related("node_pool__partitions")
-    return render_fragment(
-        request, "clusters/partials/nodes.html", {"cluster": cluster, "nodes": nodes, "error": error}
+    nodes = services.nodes_of(cluster)
+    page = Paginator(nodes.order_by("node_pool__role", "index", "name"), NODES_PER_PAGE).get_page(
+        request.GET.get("page")
     )
+    context = {
+        "cluster": cluster,
+        "nodes": page.object_list,
+        "page": page,
+        "states": services.node_state_counts(cluster),
+        "sync": services.sync_state(cluster),
+    }
+    done = cluster.status == ClusterStatus.DELETED
+    return render_fragment(request, "clusters/partials/nodes.html", context, done=done)
+
+
+JOBS_PER_PAGE = 50
 
 
 def cluster_jobs(request, project, name):
+    """The cluster's jobs as of the last sync, filtered and paginated; the fragment polls its own URL
+    (filters and page included), so a poll never loses the user's place."""
     cluster = cluster_for(request, project, name)
-    jobs, error = services.list_jobs(cluster)
-    return render_fragment(request, "clusters/partials/jobs.html", {"cluster": cluster, "jobs": jobs, "error": error})
+    params = {key: request.GET.get(key, "").strip() for key in ("state", "user", "partition", "q")}
+    errors = {}
+    try:
+        filters = services.job_filters(params)
+    except FieldErrors as exc:
+        errors, filters = exc.errors, {}
+    page = Paginator(services.jobs_of(cluster, filters), JOBS_PER_PAGE).get_page(request.GET.get("page"))
+    query = {key: value for key, value in params.items() if value}
+    context = {
+        "cluster": cluster,
+        "jobs": page.object_list,
+        "page": page,
+        "params": params,
+        "filtered": bool(query),
+        "errors": errors,
+        "query": urlencode(query),
+        "self_query": urlencode({**query, "page": page.number}),
+        "sync": services.sync_state(cluster),
+    }
+    done = cluster.status == ClusterStatus.DELETED
+    return render_fragment(request, "clusters/partials/jobs.html", context, done=done)
 
 
 def cluster_events(request, project, name):
@@ -226,8 +265,6 @@ def node_detail(request, project, name, node):
     repairs and its events."""
     cluster = cluster_for(request, project, name)
     node = get_object_or_404(cluster.nodes.select_related("node_pool"), name=node)
-    services.refresh_nodes(cluster)
-    node.refresh_from_db()
     history = {}
     recent = HealthResult.objects.filter(cluster=cluster, node=node.name).select_related("operation").order_by("-id")
     for result in recent[:400]:
@@ -246,6 +283,7 @@ def node_detail(request, project, name, node):
         "charts": charts,
         "repairs": repairs_of(cluster, node.name)[:50],
         "events": cluster.events.filter(node=node.name)[:100],
+        "sync": services.sync_state(cluster),
     }
     return render(request, "clusters/node_detail.html", context)
 

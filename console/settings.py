@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.humanize",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -170,15 +171,22 @@ CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER")
 # worker down for an hour) never queues ahead of provisioning; run a worker per queue to keep them
 # apart (docs/scaling.md). Operations go to the default queue ("celery").
 CELERY_PERIODIC_QUEUE = env("CELERY_PERIODIC_QUEUE", "periodic")
+# Slurm sync (clusters/services/sync.py): every SLURM_SYNC_SECONDS one task per live cluster pulls its
+# nodes and jobs (and the progress of its runs) into the database; pages and GET endpoints read only
+# that. State older than SLURM_STALE_SECONDS is flagged on the pages as stale.
+SLURM_SYNC_SECONDS = envfloat("SLURM_SYNC_SECONDS", 10.0)
+SLURM_STALE_SECONDS = envfloat("SLURM_STALE_SECONDS", 3 * SLURM_SYNC_SECONDS + 10)
+SLURM_SYNC_LEASE_SECONDS = envint("SLURM_SYNC_LEASE_SECONDS", 60)
 PERIODIC_TASKS = {
+    "sync-clusters": ("clusters.tasks.sync_clusters", SLURM_SYNC_SECONDS),
     "resume-stale-operations": ("clusters.tasks.resume_stale_operations", 60.0),
     "watch-clusters": ("clusters.tasks.watch_clusters", 15.0),
     # Periodic health scans per cluster (their schedules are rows, edited on the cluster page / API).
     "run-due-scans": ("clusters.tasks.run_due_scans", 60.0),
     "prune-history": ("clusters.tasks.prune_history", 3600.0),
-    # Record run transitions even when nobody watches the run page.
-    "refresh-active-runs": ("recipes.tasks.refresh_active_runs", 15.0),
 }
+# Tasks the periodic ones fan out, on the same queue.
+PERIODIC_FAN_OUT = ["clusters.tasks.sync_cluster"]
 
 
 def periodic(queue):
@@ -187,7 +195,8 @@ def periodic(queue):
         name: {"task": task, "schedule": every, "options": {"queue": queue, "expires": every}}
         for name, (task, every) in PERIODIC_TASKS.items()
     }
-    return schedule, {task: {"queue": queue} for task, _every in PERIODIC_TASKS.values()}
+    tasks = [task for task, _every in PERIODIC_TASKS.values()] + PERIODIC_FAN_OUT
+    return schedule, {task: {"queue": queue} for task in tasks}
 
 
 CELERY_BEAT_SCHEDULE, CELERY_TASK_ROUTES = periodic(CELERY_PERIODIC_QUEUE)

@@ -58,6 +58,10 @@ class Run(models.Model):
     created = models.DateTimeField(default=timezone.now)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
+    # Progress as the Slurm sync last read it from the run folder (pages read only these).
+    metrics_offset = models.PositiveBigIntegerField(default=0)  # bytes of metrics.jsonl already stored
+    log_tail = models.TextField(blank=True)
+    progress_synced = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created"]
@@ -79,6 +83,22 @@ class Run(models.Model):
     def set_status(self, new, *, expected, **fields):
         """Compare-and-set, like the cluster's; returns whether it moved."""
         return compare_and_set(self, expected=expected, status=new, **fields)
+
+
+class RunMetric(models.Model):
+    """One logged step of a run (a line of its metrics.jsonl), stored by the Slurm sync."""
+
+    run = models.ForeignKey(Run, models.CASCADE, related_name="metric_rows")
+    line = models.PositiveIntegerField()
+    step = models.PositiveIntegerField()
+    values = models.JSONField()
+
+    class Meta:
+        ordering = ["line"]
+        constraints = [models.UniqueConstraint(fields=["run", "line"], name="one_metric_per_line")]
+
+    def __str__(self):
+        return f"{self.run_id} step {self.step}"
 
 
 class ModelVersion(models.Model):

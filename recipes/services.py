@@ -23,7 +23,7 @@ from clusters.slurm import states
 from console.errors import Conflict, ConsoleError, FieldErrors
 
 from .catalog import get_recipe, recipes
-from .models import ModelVersion, Run, RunStatus
+from .models import ModelVersion, Run, RunMetric, RunStatus
 
 
 def run_status(job_state):
@@ -269,14 +269,78 @@ def launch_run(*, cluster, data, user=None):
     return run
 
 
+def sync_runs(cluster, jobs):
+    """The Slurm sync's hook (clusters.services.on_sync): store the progress of each active run of the
+    cluster and follow its job in `jobs` ({job_id: JobStatus}, Slurm's queue at this sync)."""
+    for run in cluster.runs.filter(status__in=RunStatus.active()):
+        read_progress(run)  # first: a job Slurm already reports ended has written all it will
+        follow_run(run, jobs.get(run.slurm_job_id))
+
+
 def refresh_run(run):
-    """Follow the run's Slurm job; record a transition at most once (compare-and-set)."""
+    """Ask Slurm for this one run's job now and store what it says (for scripts and tests; pages and
+    the API read what the sync stored)."""
     if run.is_done or run.slurm_job_id is None:
         return run
     try:
         job = clusters.job_status(run.cluster, run.slurm_job_id)
     except ConsoleError:
         return run  # Slurm unreachable: keep what we know
+    read_progress(run)
+    return follow_run(run, job)
+
+
+def read_progress(run):
+    """Store the metrics lines the run appended since the last read, and its log's tail."""
+    work_dir = Path(run.work_dir)
+    path = work_dir / "metrics.jsonl"
+    rows, offset = [], run.metrics_offset
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read(METRICS_READ_BYTES)
+    except OSError:
+        chunk = b""
+    done = chunk.rfind(b"\n") + 1  # a line still being written waits for the next sync
+    line = run.metric_rows.count()
+    for raw in chunk[:done].splitlines():
+        try:
+            record = json.loads(raw)
+            step = int(record["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # not a metrics line: skipped, never fatal
+        rows.append(RunMetric(run=run, line=line, step=max(step, 0), values=record))
+        line += 1
+    RunMetric.objects.bulk_create(rows, ignore_conflicts=True)
+    fields = {"metrics_offset": offset + done, "log_tail": read_log_tail(work_dir), "progress_synced": timezone.now()}
+    Run.objects.filter(pk=run.pk).update(**fields)
+    for key, value in fields.items():
+        setattr(run, key, value)
+
+
+METRICS_READ_BYTES = 4 << 20  # per sync; a longer backlog is read over the next syncs
+LOG_TAIL_LINES = 40
+
+
+def read_log_tail(work_dir, lines=LOG_TAIL_LINES):
+    files = sorted(work_dir.glob("slurm-*.out"))
+    if not files:
+        return ""
+    try:
+        with files[-1].open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def follow_run(run, job):
+    """Move the run to what its Slurm job (a JobStatus, or None once Slurm forgot it) says; a
+    transition is recorded at most once (compare-and-set)."""
+    if run.is_done:
+        return run
     now = timezone.now()
     if job is None:
         # Slurm forgot the job: judge by what the run left behind.
@@ -301,9 +365,10 @@ def refresh_run(run):
             if new == RunStatus.FAILED:
                 fields["error"] = f"Slurm job {job.state.lower()} (exit code {job.exit_code})"
         if new == run.status:
-            Run.objects.filter(pk=run.pk).update(**fields)
-            for key, value in fields.items():
-                setattr(run, key, value)
+            if any(getattr(run, key) != value for key, value in fields.items()):
+                Run.objects.filter(pk=run.pk).update(**fields)
+                for key, value in fields.items():
+                    setattr(run, key, value)
             return run
         moved = run.set_status(new, expected=RunStatus.active(), **fields)
     if moved:
@@ -331,19 +396,14 @@ def cancel_run(run):
 
 
 def metrics(run, limit=None):
-    path = Path(run.work_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return rows[-limit:] if limit else rows
+    """The run's logged steps as the sync stored them, oldest first (the newest `limit` when given)."""
+    if limit:
+        return list(reversed(run.metric_rows.order_by("-line").values_list("values", flat=True)[:limit]))
+    return list(run.metric_rows.values_list("values", flat=True))
 
 
-def log_tail(run, lines=40):
-    files = sorted(Path(run.work_dir).glob("slurm-*.out"))
-    if not files:
-        return ""
-    text = files[-1].read_text(errors="replace").splitlines()
-    return "\n".join(text[-lines:])
+def log_tail(run):
+    return run.log_tail
 
 
 def summary(run):
@@ -363,11 +423,6 @@ def summary(run):
         "eta_s": eta,
         "first_loss": rows[0]["loss"],
     }
-
-
-def refresh_active_runs():
-    for run in Run.objects.filter(status__in=RunStatus.active()).select_related("cluster"):
-        refresh_run(run)
 
 
 def register_model(*, run, name, user=None):

@@ -59,14 +59,14 @@ def run_new(request, project, name):
 
 
 def run_detail(request, project, name, run_id):
-    run = services.refresh_run(run_for(request, project, name, run_id))
+    run = run_for(request, project, name, run_id)
     context = {"run": run, "cluster": run.cluster, "versions": run.model_versions.all(), **run_context(run)}
     return render(request, "recipes/run_detail.html", context)
 
 
 def run_live(request, project, name, run_id):
     """The polled part of the run page; 286 once the run has ended so htmx stops polling."""
-    run = services.refresh_run(run_for(request, project, name, run_id))
+    run = run_for(request, project, name, run_id)
     return render_fragment(
         request, "recipes/partials/run_live.html", {"run": run, **run_context(run)}, done=run.is_done
     )
@@ -111,8 +111,6 @@ def run_cancel(request, project, name, run_id):
 def cluster_runs(request, project, name):
     cluster = cluster_for(request, project, name)
     runs = list(cluster.runs.all()[:50])
-    for run in runs:
-        services.refresh_run(run)
     return render_fragment(request, "recipes/partials/runs.html", {"cluster": cluster, "runs": runs})
 
 

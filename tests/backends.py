@@ -15,6 +15,9 @@ class ScriptedBackend(Backend):
         self.calls = []  # (action, node), for tests that count what a repair did
         self.down = set()  # node names the fake Slurm reports down
         self.during = None  # ctx -> None, called inside the second step (a test's long-running work)
+        self.queue = []  # the JobStatus list the fake Slurm reports
+        self.silent = False  # the fake Slurm does not answer
+        self.slurm_calls = 0  # node and job queries made of the fake Slurm
 
     def steps(self, cluster, hold=None):
         def second(ctx):
@@ -29,9 +32,15 @@ class ScriptedBackend(Backend):
 
     apply_steps = delete_steps = steps
 
+    def ask_slurm(self):
+        self.slurm_calls += 1
+        if self.silent:
+            raise TransientBackendError("slurmctld: connection refused")
+
     def node_statuses(self, cluster):
         from clusters.slurm.states import NodeStatus
 
+        self.ask_slurm()
         return [
             NodeStatus(name=n.name, state="down" if n.name in self.down else "idle") for n in cluster.compute_nodes()
         ]
@@ -49,7 +58,8 @@ class ScriptedBackend(Backend):
         self.calls.append(("reinstall", node))
 
     def jobs(self, cluster):
-        return []
+        self.ask_slurm()
+        return list(self.queue)
 
     def node_shape(self, cluster, pool):
         return NodeShape(cpus=1, memory_mb=1024, note="scripted")

@@ -141,9 +141,10 @@ def purge_queue(client):
 
 
 class Worker:
-    """A real `celery worker` process on the test settings and test database."""
+    """A real `celery worker` process on the test settings and test database; with beat=True it also
+    runs Celery beat (the periodic tasks: Slurm sync, watch, scans), as scripts/console.sh does."""
 
-    def __init__(self, log_path, **env):
+    def __init__(self, log_path, beat=False, **env):
         self.log_path = log_path
         worker_env = {
             **os.environ,
@@ -168,6 +169,7 @@ class Worker:
                 "--without-mingle",
                 f"--queues={settings.CELERY_TASK_DEFAULT_QUEUE},{settings.CELERY_PERIODIC_QUEUE}",
                 f"--hostname=test-{uuid.uuid4().hex[:8]}@%h",
+                *(["--beat", f"--schedule={Path(log_path).parent / 'beat-schedule'}"] if beat else []),
             ],
             env=worker_env,
             cwd=settings.BASE_DIR,
@@ -201,7 +203,8 @@ class Worker:
 @pytest.fixture(scope="module")
 def celery_worker(redis_broker, tmp_path_factory):
     purge_queue(redis_broker)  # nothing left over from another module's tests
-    worker = Worker(tmp_path_factory.mktemp("worker") / "worker.log")
+    # With beat, as scripts/console.sh runs it: the periodic Slurm sync keeps the pages current.
+    worker = Worker(tmp_path_factory.mktemp("worker") / "worker.log", beat=True, SLURM_SYNC_SECONDS=2)
     yield worker
     worker.stop()
 
@@ -299,3 +302,24 @@ def wait_until(predicate, timeout=60, interval=0.2, message="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {message}")
+
+
+def synced(cluster, timeout=30):
+    """One round of the periodic Slurm sync for `cluster` that started after this call, as Celery beat
+    would send it (the task's body, run here, or a worker's if one got there first); pages and GET
+    endpoints then show what Slurm said. Returns that sync's error ("" when Slurm answered)."""
+    from django.utils import timezone
+
+    from clusters import tasks
+    from clusters.models import SlurmSync
+
+    asked = timezone.now()
+
+    def fresh():
+        tasks.sync_cluster(cluster.pk)
+        row = SlurmSync.objects.filter(pk=cluster.pk).first()
+        done = row is not None and row.claimed_until is None and row.attempted and row.attempted >= asked
+        return (row.error or "ok") if done else None
+
+    found = wait_until(fresh, timeout=timeout, message=f"a sync of {cluster}")
+    return "" if found == "ok" else found

@@ -62,9 +62,17 @@ def test_alice_reaches_a_ready_cluster_from_a_reference_architecture(page, live_
     # htmx polls the operation and swaps the status badge in when it changes.
     page.locator("#cluster-status", has_text="Ready").wait_for(timeout=90_000)
     assert page.locator(".progress-label .pct").text_content() == "100%"
-    # The nodes table refreshes every 5 s; wait for the poll that shows both nodes idle.
+    # The worker's beat syncs Slurm's node states into the database every 2 s here and the nodes
+    # table polls every 5 s; wait for the poll that shows both nodes idle, as of a recent sync.
     sync_api = pytest.importorskip("playwright.sync_api")
-    sync_api.expect(page.locator("#nodes .badge", has_text="idle")).to_have_count(2, timeout=20_000)
+    sync_api.expect(page.locator("#nodes-list tbody .badge", has_text="idle")).to_have_count(2, timeout=20_000)
+    assert page.locator("#nodes-list .sync-state").text_content().strip().startswith("As of")
+    # The first scan's jobs are in the jobs list; typing in the filter narrows it in place.
+    sync_api.expect(page.locator("#jobs-list tr[data-job]").first).to_be_visible(timeout=20_000)
+    page.get_by_label("Job id or name").fill("no-such-job")
+    page.locator("#jobs-list", has_text="No job matches these filters").wait_for()
+    page.get_by_label("Job id or name").fill("")
+    sync_api.expect(page.locator("#jobs-list tr[data-job]").first).to_be_visible()
     assert Cluster.objects.get(name="refcpu").status == ClusterStatus.READY
     # The periodic scan's form answers a bad value in place (htmx swaps the 400) and keeps the input.
     schedule = page.locator("#schedule")

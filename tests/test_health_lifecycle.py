@@ -21,7 +21,7 @@ from clusters.models import Cluster, HealthResult, HealthSchedule, Operation
 from clusters.operations import engine
 from clusters.slurm.client import run_client
 
-from .conftest import api_client_for, example_spec, module_cluster, wait_until
+from .conftest import api_client_for, example_spec, module_cluster, synced, wait_until
 
 pytestmark = pytest.mark.django_db
 API = "/api/v1/projects/rlab/clusters/train/"
@@ -346,7 +346,7 @@ def test_with_slurmctld_killed_pages_keep_the_last_state_with_a_banner_and_nothi
     from clusters.backends.local import daemons
 
     paths = get_backend("local").paths(cluster)
-    assert services.refresh_nodes(cluster) == ""
+    assert synced(cluster) == ""
     last_known = sorted(cluster.compute_nodes().values_list("name", "slurm_state"))
     before = Operation.objects.filter(cluster=cluster).count()
     processes.stop(processes.find_pids("slurmctld", str(paths.conf)))
@@ -354,8 +354,10 @@ def test_with_slurmctld_killed_pages_keep_the_last_state_with_a_banner_and_nothi
         for _ in range(3):  # three watch rounds (the beat runs one every 15 s): no repair storm
             assert repair.watch(cluster) is None
         assert Operation.objects.filter(cluster=cluster).count() == before
+        assert "Slurm is not answering" in synced(cluster)
         nodes = rosa_web.get("/clusters/rlab/train/nodes/").content.decode()
-        assert "Slurm is not answering" in nodes and "showing the last known states" in nodes
+        assert "Slurm not answering since" in nodes and "Showing the state as of" in nodes
+        assert 'data-sync="failing"' in nodes
         for name, state in last_known:
             assert name in nodes and f">{state}<" in nodes
         assert sorted(cluster.compute_nodes().values_list("name", "slurm_state")) == last_known
@@ -364,6 +366,10 @@ def test_with_slurmctld_killed_pages_keep_the_last_state_with_a_banner_and_nothi
         assert Cluster.objects.get(pk=cluster.pk).status == ClusterStatus.READY
     finally:
         daemons.start_slurmctld(Cluster.objects.get(pk=cluster.pk), paths)
-    wait_until(lambda: services.refresh_nodes(cluster) == "", timeout=60, message="Slurm to answer again")
+    wait_until(lambda: synced(cluster) == "", timeout=60, message="Slurm to answer again")
+    assert 'data-sync="fresh"' in rosa_web.get("/clusters/rlab/train/nodes/").content.decode()
+    timeline = list(cluster.events.values_list("message", flat=True)[:5])
+    assert any(m.startswith("Slurm answers again (it had not answered since") for m in timeline)
+    assert any(m.startswith("Slurm is not answering") for m in timeline)
     assert repair.watch(cluster) is None  # back: still nothing to repair
     assert Operation.objects.filter(cluster=cluster).count() == before

@@ -13,7 +13,7 @@ from clusters.backends import get_backend
 from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Cluster, Operation
 
-from .conftest import example_spec, wait_until
+from .conftest import example_spec, synced, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -71,7 +71,8 @@ def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, sl
     assert sorted((paths.jobs / f"slurm-{job_id}.out").read_text().split()) == ["cpu-0", "cpu-1"]
     assert not list(Path(settings.BASE_DIR).glob("slurm-*.out"))
 
-    # The page's node fragment shows Slurm's live state.
+    # After a sync, the page's node fragment shows Slurm's state and the jobs fragment the job.
+    assert synced(cluster) == ""
     client.force_login(alice)
     nodes_html = client.get("/clusters/alpha/demo/nodes/").content.decode()
     assert nodes_html.count(">idle<") == 2
@@ -79,10 +80,11 @@ def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, sl
 
     # Job history outlives the controller: with slurmctld stopped the console still lists the job.
     processes.stop(processes.find_pids("slurmctld", str(paths.conf)))
+    assert "Slurm is not answering" in synced(cluster)
     response = alice_api.get(f"{CLUSTERS}demo/jobs/")
     assert "Slurm is not answering" in response["Warning"]
-    assert next(j for j in response.json() if j["job_id"] == job_id)["state"] == "COMPLETED"
-    assert "last known jobs" in client.get("/clusters/alpha/demo/jobs/").content.decode()
+    assert next(j for j in response.json()["results"] if j["job_id"] == job_id)["state"] == "COMPLETED"
+    assert "Slurm not answering since" in client.get("/clusters/alpha/demo/jobs/").content.decode()
 
     cluster = apply(alice_api, example_spec(cpu=3))  # also starts slurmctld again
     assert idle_nodes(cluster) == ["cpu-0", "cpu-1", "cpu-2"]

@@ -13,7 +13,7 @@ from clusters import processes
 from recipes.catalog import recipes
 from recipes.models import ModelVersion, Run, RunStatus
 
-from .conftest import api_client_for, module_cluster, wait_until
+from .conftest import api_client_for, module_cluster, synced, wait_until
 
 pytestmark = pytest.mark.django_db
 RUNS = "/api/v1/projects/rlab/clusters/train/runs/"
@@ -42,9 +42,15 @@ def launch(api, **body):
     )
 
 
+def status_after_sync(api, run_id):
+    """The run as the API shows it after one round of the Slurm sync (what Celery beat would run)."""
+    synced(Run.objects.get(uuid=run_id).cluster)
+    return api.get(f"{RUNS}{run_id}/").json()
+
+
 def finished(api, run_id, timeout=240):
     def done():
-        body = api.get(f"{RUNS}{run_id}/").json()
+        body = status_after_sync(api, run_id)
         return body if body["status"] in ("COMPLETED", "FAILED", "CANCELLED") else None
 
     return wait_until(done, timeout=timeout, interval=1, message=f"run {run_id} to finish")
@@ -178,7 +184,7 @@ def test_cancelling_a_run_cancels_its_slurm_job(rita_api, train_cluster):
     from clusters.backends import get_backend
 
     run = launch(rita_api, steps=100000).json()
-    wait_until(lambda: rita_api.get(f"{RUNS}{run['id']}/").json()["status"] == "RUNNING", message="the run to start")
+    wait_until(lambda: status_after_sync(rita_api, run["id"])["status"] == "RUNNING", message="the run to start")
     response = rita_api.post(f"{RUNS}{run['id']}/cancel/")
     assert response.status_code == 200
     assert response.json()["status"] == "CANCELLED"

@@ -5,13 +5,14 @@ ConsoleError it raises becomes its HTTP answer in one place (console.safejson.ap
 """
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console import access
+from console.pagination import JobCursorPagination
 
 from .. import services
 from ..health import scans, schedule
@@ -116,23 +117,58 @@ class ClusterDetail(APIView):
         return accepted(services.delete_cluster(cluster=cluster, user=request.user))
 
 
+def freshness_headers(response, sync):
+    """Say on the response how fresh the rows are: when the sync last reached Slurm, and a Warning
+    when that is too long ago or Slurm is not answering (the rows are the last known state)."""
+    if sync.synced:
+        response["Slurm-Synced"] = sync.synced.isoformat()
+    if sync.failing_since:
+        response["Warning"] = '199 - "Slurm is not answering; last known states"'
+    elif sync.stale:
+        response["Warning"] = '199 - "Slurm state not synced recently; last known states"'
+    return response
+
+
 class ClusterNodes(APIView):
     @extend_schema(responses=NodeSerializer(many=True))
     def get(self, request, project, cluster):
+        """Every node with Slurm's state as of the last sync (header Slurm-Synced)."""
         cluster = access.cluster(request.user, project, cluster)
-        services.refresh_nodes(cluster)
-        return Response(NodeSerializer(cluster.nodes.select_related("node_pool"), many=True).data)
+        response = Response(NodeSerializer(cluster.nodes.select_related("node_pool"), many=True).data)
+        return freshness_headers(response, services.sync_state(cluster))
 
 
-class ClusterJobs(APIView):
-    @extend_schema(responses=JobSerializer(many=True))
-    def get(self, request, project, cluster):
-        """Every job seen on the cluster, newest first; the last known states when Slurm is unreachable."""
-        jobs, error = services.list_jobs(access.cluster(request.user, project, cluster))
-        response = Response(JobSerializer(jobs, many=True).data)
-        if error:
-            response["Warning"] = '199 - "Slurm is not answering; last known states"'
-        return response
+JOB_FILTERS = [
+    OpenApiParameter("state", str, description="Slurm job states or groups (active, pending, running, "
+                     "completed, failed, cancelled), comma-separated"),
+    OpenApiParameter("user", str, description="The Slurm user name"),
+    OpenApiParameter("partition", str),
+    OpenApiParameter("q", str, description="A job id, or part of a job name"),
+]  # fmt: skip
+
+
+class ClusterJobs(generics.ListAPIView):
+    """Every job seen on the cluster as of the last sync, newest first, a cursor page at a time
+    (?limit=1..1000, default 100; follow `next`). Filters: state, user, partition, q."""
+
+    serializer_class = JobSerializer
+    pagination_class = JobCursorPagination
+
+    @extend_schema(parameters=JOB_FILTERS)
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self):
+        self.cluster = access.cluster(self.request.user, self.kwargs["project"], self.kwargs["cluster"])
+        return services.jobs_of(self.cluster, services.job_filters(self.request.query_params))
+
+    def list(self, request, *args, **kwargs):
+        queryset = self.get_queryset()
+        sync = services.sync_state(self.cluster)
+        self.paginator.freshness = {"synced": sync.synced, "slurm_error": sync.error}
+        page = self.paginate_queryset(queryset)
+        response = self.get_paginated_response(self.get_serializer(page, many=True).data)
+        return freshness_headers(response, sync)
 
 
 class ClusterEvents(generics.ListAPIView):
@@ -208,11 +244,10 @@ class NodeDetail(APIView):
     @extend_schema(responses=NodeDetailSerializer)
     def get(self, request, project, cluster, node):
         cluster = access.cluster(request.user, project, cluster)
-        services.refresh_nodes(cluster)
         node = get_object_or_404(cluster.nodes.select_related("node_pool"), name=node)
         latest = scans.latest_per_check(cluster).get(node.name, {})
         repairs = scans.repairs_of(cluster, node.name)[:50]
-        return Response(
+        response = Response(
             {
                 **NodeDetailSerializer(node).data,
                 "checks": {name: HealthResultSerializer(r).data for name, r in sorted(latest.items())},
@@ -220,6 +255,7 @@ class NodeDetail(APIView):
                 "events": EventSerializer(cluster.events.filter(node=node.name)[:100], many=True).data,
             }
         )
+        return freshness_headers(response, services.sync_state(cluster))
 
 
 class ClusterRepairs(generics.ListAPIView):

@@ -77,7 +77,7 @@ def targets(cluster, idle_only=False, held=()):
     in a hold other than the scan's own (`held`); with `idle_only` (periodic scans) so are nodes running
     jobs. A node in two partitions is scanned in the first.
     """
-    services.refresh_nodes(cluster)
+    services.sync_cluster(cluster)
     found, skipped, seen = {}, {}, set()
     for partition in cluster.partitions.prefetch_related("node_pools__nodes"):
         for pool in partition.node_pools.all():

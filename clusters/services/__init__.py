@@ -2,12 +2,13 @@
 
 requests.py   create (and dry run), drafts, update, delete: validate, then operations.start
 reach.py      what a page or recipe needs from the cluster's backend (shapes, plan, jobs, slurmrestd)
-live.py       Slurm's node states and job queue, kept in the database
+sync.py       the periodic sync: Slurm's node states and job queue pulled into the database
+live.py       those rows, read (pages and GET endpoints read only these, never Slurm)
 members.py    a project's members and roles
 """
 
 from . import members
-from .live import list_jobs, refresh_nodes
+from .live import job_filters, jobs_of, node_state_counts, nodes_of, sync_state
 from .reach import (
     backend_choices,
     backend_label,
@@ -34,6 +35,7 @@ from .requests import (
     update_cluster,
     validate_request,
 )
+from .sync import on_sync, sync_cluster
 
 __all__ = [
     "backend_choices",
@@ -48,17 +50,22 @@ __all__ = [
     "faults_dir",
     "gpus_per_node",
     "inject_fault",
+    "job_filters",
     "job_status",
-    "list_jobs",
+    "jobs_of",
     "login_env",
     "members",
     "node_shapes",
+    "node_state_counts",
+    "nodes_of",
+    "on_sync",
     "plan",
-    "refresh_nodes",
     "save_draft",
     "shared_dir",
     "submit_batch",
     "submit_draft",
+    "sync_cluster",
+    "sync_state",
     "update_cluster",
     "validate_request",
 ]

@@ -1,84 +1,122 @@
-"""What Slurm says now: node states and the job queue, read from the cluster's backend and kept in the
-database (so history outlives Slurm's memory and pages still show the last known state)."""
+"""What Slurm said at the last sync (clusters.services.sync): node states and jobs, read from the
+database only. Pages and GET endpoints call these; none of them reaches Slurm."""
 
-from datetime import UTC, datetime
+import re
+from dataclasses import dataclass
 
+from django.db.models import Count, Q
 from django.utils import timezone
 
-from ..backends import get_backend
+from console.errors import FieldErrors
+
 from ..choices import ClusterStatus, NodeRole
-from ..models import Node, SlurmJob
-from ..slurm.states import JOB_ACTIVE
-from ..work import BackendError
+from ..models import SlurmSync
+from ..slurm.states import JOB_ACTIVE, JOB_CANCELLED, JOB_COMPLETED, JOB_FAILED, JOB_RUNNING, JOB_WAITING, node_colour
+
+# ?state= takes Slurm's job states and these groups of them.
+JOB_STATE_GROUPS = {
+    "active": JOB_ACTIVE,
+    "pending": JOB_WAITING,
+    "running": JOB_RUNNING,
+    "completed": JOB_COMPLETED,
+    "failed": JOB_FAILED,
+    "cancelled": JOB_CANCELLED,
+}
+JOB_STATES = JOB_ACTIVE | JOB_COMPLETED | JOB_FAILED | JOB_CANCELLED | {"UNKNOWN", "PREEMPTED", "SPECIAL_EXIT"}
+FILTER_TEXT = re.compile(r"[\w.@+-]{1,64}\Z")
 
 
-def refresh_nodes(cluster):
-    """Ask Slurm for every node's state and store it; returns an error message when Slurm is unreachable."""
-    if cluster.status in (ClusterStatus.DELETED, ClusterStatus.DRAFT):
-        return ""
-    try:
-        statuses = {s.name: s for s in get_backend(cluster.backend).node_statuses(cluster)}
-    except (BackendError, OSError, ValueError) as exc:
-        return f"Slurm is not answering: {exc}"
-    now = timezone.now()
-    for node in cluster.nodes.filter(node_pool__role=NodeRole.COMPUTE):
-        status = statuses.get(node.name)
-        if status is None:
-            continue
-        Node.objects.filter(pk=node.pk).update(
-            slurm_state=status.display_state, slurm_reason=status.reason, slurm_seen=now
-        )
-    return ""
+@dataclass
+class SyncState:
+    """How fresh the rows are: shown as "as of HH:MM:SS" and flagged when stale."""
+
+    synced: object = None  # datetime of the last sync that reached Slurm
+    failing_since: object = None
+    error: str = ""
+    expected: bool = False  # the cluster's Slurm may be up, so a sync should be running
+    stale: bool = False
+
+    @property
+    def age_s(self):
+        return None if self.synced is None else int((timezone.now() - self.synced).total_seconds())
 
 
-def list_jobs(cluster, limit=200):
-    """(jobs, error): Slurm's queue merged into the console's job history, newest first.
-
-    Jobs Slurm no longer reports (aged out, or the controller lost them) keep their last known state.
-    """
-    error = ""
-    if cluster.status in ClusterStatus.usable() | {ClusterStatus.UPDATING}:
-        try:
-            record_jobs(cluster, get_backend(cluster.backend).jobs(cluster))
-        except (BackendError, OSError, ValueError) as exc:
-            error = f"Slurm is not answering: {exc}; showing the last known jobs"
-    return list(cluster.slurm_jobs.all()[:limit]), error
-
-
-def record_jobs(cluster, jobs):
-    """Store Slurm's view of each job; pages poll this, so only new or changed jobs are written."""
-
-    def when(epoch):
-        return datetime.fromtimestamp(epoch, tz=UTC) if epoch else None
-
-    now = timezone.now()
-    fields = {
-        job.job_id: {
-            "name": job.name[:200],
-            "user": job.user[:64],
-            "state": job.state,
-            "partition": job.partition,
-            "nodes": job.nodes[:500],
-            "node_count": job.node_count,
-            "reason": "" if job.reason == "None" else job.reason[:200],
-            "exit_code": job.exit_code,
-            "submit_time": when(job.submit_time),
-            "start_time": when(job.start_time),
-            "end_time": None if job.is_active else when(job.end_time),
-        }
-        for job in jobs
-    }
-    live = set(fields)
-    known = {row.job_id: row for row in cluster.slurm_jobs.filter(job_id__in=live)}
-    SlurmJob.objects.bulk_create(
-        SlurmJob(cluster=cluster, job_id=job_id, seen=now, **values)
-        for job_id, values in fields.items()
-        if job_id not in known
+def sync_state(cluster):
+    """The cluster's SyncState (one query); a cluster never synced yet has synced=None."""
+    expected = cluster.status in ClusterStatus.synced()
+    row = SlurmSync.objects.filter(pk=cluster.pk).first()
+    if row is None:
+        return SyncState(expected=expected, stale=expected)
+    return SyncState(
+        synced=row.synced,
+        failing_since=row.failing_since,
+        error=row.error,
+        expected=expected,
+        stale=expected and row.is_stale(),
     )
-    for job_id, row in known.items():
-        if any(getattr(row, key) != value for key, value in fields[job_id].items()):
-            SlurmJob.objects.filter(pk=row.pk).update(**fields[job_id])
-    cluster.slurm_jobs.filter(job_id__in=live).update(seen=now)
-    cluster.slurm_jobs.filter(state__in=JOB_ACTIVE).exclude(job_id__in=live).update(
-        state="UNKNOWN", reason="Slurm no longer reports this job"
+
+
+def job_filters(params):
+    """The jobs list's filters from query parameters: state (comma-separated Slurm states or the
+    groups active, pending, running, completed, failed, cancelled), user, partition, q (a job id or
+    part of a name). FieldErrors naming each bad parameter."""
+    errors, found = {}, {}
+    states = set()
+    for word in filter(None, (w.strip() for w in str(params.get("state", "")).split(","))):
+        if word.lower() in JOB_STATE_GROUPS:
+            states |= JOB_STATE_GROUPS[word.lower()]
+        elif word.upper() in JOB_STATES:
+            states.add(word.upper())
+        else:
+            groups = ", ".join(JOB_STATE_GROUPS)
+            errors.setdefault("state", []).append(f"'{word[:40]}' is not a Slurm job state nor one of {groups}")
+    if states:
+        found["state"] = states
+    for key in ("user", "partition"):
+        value = str(params.get(key, "")).strip()
+        if value and not FILTER_TEXT.match(value):
+            errors[key] = ["must be a name of at most 64 letters, digits and . _ - @ +"]
+        elif value:
+            found[key] = value
+    q = str(params.get("q", "")).strip()
+    if len(q) > 200 or any(ord(c) < 32 for c in q):
+        errors["q"] = ["must be a job id or at most 200 characters of a job name"]
+    elif q:
+        found["q"] = q
+    if errors:
+        raise FieldErrors(errors)
+    return found
+
+
+def jobs_of(cluster, filters=None):
+    """The cluster's jobs as last synced, newest first, narrowed by job_filters()."""
+    rows = cluster.slurm_jobs.all()
+    filters = filters or {}
+    if "state" in filters:
+        rows = rows.filter(state__in=sorted(filters["state"]))
+    if "user" in filters:
+        rows = rows.filter(user=filters["user"])
+    if "partition" in filters:
+        rows = rows.filter(partition=filters["partition"])
+    if "q" in filters:
+        q = filters["q"]
+        match = Q(name__icontains=q)
+        if q.isdigit() and len(q) <= 10:
+            match |= Q(job_id=int(q))
+        rows = rows.filter(match)
+    return rows
+
+
+def node_state_counts(cluster):
+    """[(Slurm state, colour, count)] over the cluster's compute nodes, most common first (one query)."""
+    rows = (
+        cluster.nodes.filter(node_pool__role=NodeRole.COMPUTE)
+        .values("slurm_state")
+        .annotate(n=Count("pk"))
+        .order_by("-n", "slurm_state")
     )
+    return [(row["slurm_state"] or "not seen", node_colour(row["slurm_state"]), row["n"]) for row in rows]
+
+
+def nodes_of(cluster):
+    return cluster.nodes.select_related("node_pool").prefetch_related("node_pool__partitions")

@@ -47,7 +47,7 @@ class RunDetail(APIView):
     @extend_schema(responses=RunSerializer)
     def get(self, request, project, cluster, run):
         found = run_for(request, project, cluster, run)
-        return Response(RunSerializer(services.refresh_run(found)).data)
+        return Response(RunSerializer(found).data)
 
 
 class RunCancel(APIView):
