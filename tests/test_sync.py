@@ -219,3 +219,37 @@ def test_celery_beat_keeps_the_database_in_step_with_slurm(redis_broker, scripte
     log = (tmp_path / "worker.log").read_text()
     assert "clusters.tasks.sync_cluster" in log and "Traceback" not in log
 
+
+def test_the_service_paths_list_jobs_with_page_tokens_and_a_filter(cluster, scripted, alice, charlie):
+    """v1beta1 .../modelDevelopmentClusters/ok/slurmJobs: the console's extension of the service's paths."""
+    from console.models import APIToken
+
+    scripted.queue = [job(i, state="FAILED" if i % 10 == 0 else "RUNNING", user="bob" if i > 60 else "alice")
+                      for i in range(1, 101)]  # fmt: skip
+    services.sync_cluster(cluster)
+    Cluster.objects.filter(pk=cluster.pk).update(location="us-central1")
+    url = "/v1beta1/projects/alpha/locations/us-central1/modelDevelopmentClusters/ok/slurmJobs"
+    _token, raw = APIToken.issue(alice, "jobs")
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
+    from django.test import Client
+
+    client = Client()
+    seen, token = [], None
+    while True:
+        body = client.get(url, {"pageSize": 30, **({"pageToken": token} if token else {})}, **headers).json()
+        assert body["syncTime"]
+        seen += [j["jobId"] for j in body["slurmJobs"]]
+        token = body.get("nextPageToken")
+        if not token:
+            break
+    assert seen == list(range(100, 0, -1))
+    failed = client.get(url, {"filter": 'state=failed AND user="bob"'}, **headers).json()["slurmJobs"]
+    assert [j["jobId"] for j in failed] == [100, 90, 80, 70]
+    assert failed[0]["name"].endswith("/modelDevelopmentClusters/ok/slurmJobs/100")
+    bad = client.get(url, {"filter": "colour=red"}, **headers)
+    assert bad.status_code == 400 and bad.json()["error"]["status"] == "INVALID_ARGUMENT"
+    bad = client.get(url, {"filter": "state=vibes"}, **headers).json()["error"]
+    assert "filter.state" in str(bad["details"])
+    assert client.get(url, {"pageToken": "bm9wZQ=="}, **headers).status_code == 400
+    _token, outsider = APIToken.issue(charlie, "jobs")
+    assert client.get(url, HTTP_AUTHORIZATION=f"Bearer {outsider}").status_code == 403

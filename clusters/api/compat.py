@@ -6,6 +6,7 @@
     PATCH  /v1beta1/projects/{project}/locations/{location}/modelDevelopmentClusters/{id}
     DELETE /v1beta1/projects/{project}/locations/{location}/modelDevelopmentClusters/{id}
     GET    /v1beta1/projects/{project}/locations/{location}/operations/{operation}
+    GET    .../modelDevelopmentClusters/{id}/slurmJobs[?pageSize=&pageToken=&filter=]   (console extension)
 
 Writes answer with a long-running operation; errors come in the google.rpc shape
 `{"error": {"code", "message", "status", "details"}}`. Clients authenticate with a console API token
@@ -155,18 +156,31 @@ def progress_message(operation):
     return f"{operation.step} ({operation.progress}%)"
 
 
-def encode_token(offset):
-    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode()
+def encode_token(value, kind="o"):
+    """A page token: `kind` (o: an offset, j: the last job id of the page) and a whole number."""
+    return base64.urlsafe_b64encode(f"{kind}:{value}".encode()).decode()
 
 
-def decode_token(token):
+def decode_token(token, kind="o"):
     try:
-        kind, _, offset = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
-        if kind != "o" or int(offset) < 0:
+        found, _, value = base64.urlsafe_b64decode(token.encode()).decode().partition(":")
+        if found != kind or not value.isdigit():
             raise ValueError
-        return int(offset)
+        return int(value)
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise invalid("pageToken is not a token this API returned") from None
+
+
+def page_size(request):
+    """AIP-158 pageSize: 0 or absent is the default, above the maximum is the maximum, below 0 is a 400."""
+    raw = request.query_params.get("pageSize") or request.query_params.get("page_size") or DEFAULT_PAGE_SIZE
+    try:
+        size = int(raw)
+    except ValueError:
+        raise invalid("pageSize must be an integer", {"pageSize": ["must be an integer"]}) from None
+    if size < 0:
+        raise invalid("pageSize must be 0 or more", {"pageSize": ["must be 0 (the default size) or more"]})
+    return min(size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
 
 
 class CompatView(APIView):
@@ -234,15 +248,7 @@ class CompatView(APIView):
 class CompatClusters(CompatView):
     def get(self, request, project, location):
         clusters = self.clusters(project, location)
-        try:
-            size = int(
-                request.query_params.get("pageSize") or request.query_params.get("page_size") or DEFAULT_PAGE_SIZE
-            )
-        except ValueError:
-            raise invalid("pageSize must be an integer", {"pageSize": ["must be an integer"]}) from None
-        if size < 0:
-            raise invalid("pageSize must be 0 or more", {"pageSize": ["must be 0 (the default size) or more"]})
-        size = min(size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        size = page_size(request)
         token = request.query_params.get("pageToken") or request.query_params.get("page_token")
         offset = decode_token(token) if token else 0
         page = list(clusters.order_by("name")[offset : offset + size + 1])
@@ -330,6 +336,65 @@ class CompatSlurmRestApi(CompatView):
         except ValueError:
             answer = raw.decode(errors="replace")
         return Response({"status_code": status, "body": answer})
+
+
+def job_resource(cluster, job):
+    return {
+        "name": f"{cluster_name(cluster)}/slurmJobs/{job.job_id}",
+        "jobId": job.job_id,
+        "jobName": job.name,
+        "user": job.user,
+        "state": job.state,
+        "partition": job.partition,
+        "nodes": job.nodes,
+        "nodeCount": job.node_count,
+        "reason": job.reason,
+        "exitCode": job.exit_code,
+        "submitTime": timestamp(job.submit_time),
+        "startTime": timestamp(job.start_time),
+        "endTime": timestamp(job.end_time),
+    }
+
+
+FILTER_TERM = re.compile(r'\s*(state|user|partition|q)\s*=\s*("[^"]*"|[^\s"]+)\s*\Z')
+
+
+def parse_filter(text):
+    """An AIP-160 subset: `key=value` terms joined by AND (keys: state, user, partition, q; a value
+    may be quoted); the same filters as the console's jobs list, FieldErrors under "filter"."""
+    params = {}
+    for term in filter(str.strip, re.split(r"\s+AND\s+", text or "")):
+        match = FILTER_TERM.match(term)
+        if match is None:
+            raise FieldErrors({"filter": [f"'{term[:60]}' is not key=value with a key of state, user, partition, q"]})
+        params[match[1]] = match[2].strip('"')
+    try:
+        return services.job_filters(params)
+    except FieldErrors as exc:
+        raise FieldErrors({f"filter.{key}": reasons for key, reasons in exc.errors.items()}) from None
+
+
+@extend_schema(exclude=True)
+class CompatSlurmJobs(CompatView):
+    """The cluster's Slurm jobs as of the last sync (a console extension of the service's paths):
+    newest first, AIP-158 pages (pageSize up to 1000, nextPageToken keyed on the job id, so pages stay
+    put while jobs arrive) and an AIP-160 subset in `filter`. `syncTime` says how fresh it is."""
+
+    def get(self, request, project, location, cluster):
+        cluster = self.cluster(project, location, cluster)
+        size = page_size(request)
+        jobs = services.jobs_of(cluster, parse_filter(request.query_params.get("filter", "")))
+        token = request.query_params.get("pageToken") or request.query_params.get("page_token")
+        if token:
+            jobs = jobs.filter(job_id__lt=decode_token(token, kind="j"))
+        page = list(jobs.order_by("-job_id")[: size + 1])
+        sync = services.sync_state(cluster)
+        body = {"slurmJobs": [job_resource(cluster, job) for job in page[:size]], "syncTime": timestamp(sync.synced)}
+        if sync.error:
+            body["syncError"] = sync.error
+        if len(page) > size:
+            body["nextPageToken"] = encode_token(page[size - 1].job_id, kind="j")
+        return Response(body)
 
 
 @extend_schema(exclude=True)

@@ -45,6 +45,27 @@ ERROR_CODES = {
 }
 
 
+FILTER_HELP = "key=value terms joined by AND; keys: state, user, partition, q"
+SLURM_JOB = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "jobId": {"type": "integer"},
+        "jobName": {"type": "string"},
+        "user": {"type": "string"},
+        "state": {"type": "string"},
+        "partition": {"type": "string"},
+        "nodes": {"type": "string"},
+        "nodeCount": {"type": "integer"},
+        "reason": {"type": "string"},
+        "exitCode": {"type": "integer", "nullable": True},
+        "submitTime": {"type": "string", "format": "date-time", "nullable": True},
+        "startTime": {"type": "string", "format": "date-time", "nullable": True},
+        "endTime": {"type": "string", "format": "date-time", "nullable": True},
+    },
+}
+
+
 def json_body(schema):
     return {"content": {"application/json": {"schema": schema}}}
 
@@ -116,6 +137,29 @@ def document():
                     "responses": answers(OPERATION_REF),
                 },
                 "delete": {"operationId": "deleteModelDevelopmentCluster", "responses": answers(OPERATION_REF)},
+            },
+            CLUSTER_PATH + "/slurmJobs": {
+                "parameters": path_params("project", "location", "cluster"),
+                "get": {
+                    "operationId": "listSlurmJobs",
+                    "description": "Console extension: the cluster's Slurm jobs as of the last sync, newest first.",
+                    "parameters": [
+                        {"name": "pageSize", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+                        {"name": "pageToken", "in": "query", "schema": {"type": "string"}},
+                        {"name": "filter", "in": "query", "schema": {"type": "string"}, "description": FILTER_HELP},
+                    ],
+                    "responses": answers(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "slurmJobs": {"type": "array", "items": SLURM_JOB},
+                                "nextPageToken": {"type": "string"},
+                                "syncTime": {"type": "string", "format": "date-time", "nullable": True},
+                                "syncError": {"type": "string"},
+                            },
+                        }
+                    ),
+                },
             },
             CLUSTER_PATH + ":callSlurmRestApi": {
                 "parameters": path_params("project", "location", "cluster"),

@@ -14,6 +14,11 @@ urlpatterns = [
         compat.CompatSlurmRestApi.as_view(),
         name="compat-slurm-rest",
     ),
+    path(
+        PREFIX + "modelDevelopmentClusters/<slug:cluster>/slurmJobs",
+        compat.CompatSlurmJobs.as_view(),
+        name="compat-slurm-jobs",
+    ),
     path(PREFIX + "modelDevelopmentClusters/<slug:cluster>", compat.CompatCluster.as_view(), name="compat-cluster"),
     path(PREFIX + "operations/<str:operation>", compat.CompatOperation.as_view(), name="compat-operation"),
 ]
