@@ -17,10 +17,15 @@ Rules every backend keeps:
   capacity error, an API timeout); `PermanentBackendError` means it cannot (bad quota, bad config).
 * Whatever a backend must remember between steps lives in `cluster.backend_state`, saved with
   `save_state()`; secrets never do (they live in files or secret stores the backend owns).
+* The console reaches every cluster's Slurm the same way: through its slurmrestd. A backend says
+  where with `slurm_endpoint(cluster)` (URL and JWT key); node states, jobs, job status, cancels
+  and `:callSlurmRestApi` then go through the one client in clusters/slurm/rest.py, whatever the
+  backend. A backend whose slurmrestd the console cannot reach yet answers None and overrides them.
 """
 
 from dataclasses import dataclass
 
+from ..slurm.rest import SlurmEndpoint, SlurmRest
 from ..slurm.states import JobStatus, NodeStatus
 from ..work import BackendError, PermanentBackendError, Step, TransientBackendError
 
@@ -31,6 +36,7 @@ __all__ = [
     "NodeShape",
     "NodeStatus",
     "PermanentBackendError",
+    "SlurmEndpoint",
     "Step",
     "TransientBackendError",
 ]
@@ -80,13 +86,24 @@ class Backend:
         """Steps that remove everything this backend created for the cluster, and nothing else."""
         raise NotImplementedError
 
+    def slurm_endpoint(self, cluster):
+        """Where the cluster's slurmrestd answers the console (a SlurmEndpoint), or None while it cannot."""
+        return None
+
+    def slurm(self, cluster):
+        """The slurmrestd client for the cluster; PermanentBackendError where there is none yet."""
+        endpoint = self.slurm_endpoint(cluster)
+        if endpoint is None:
+            raise PermanentBackendError(f"The console cannot reach this cluster's slurmrestd on {self.label} yet")
+        return SlurmRest(endpoint)
+
     def node_statuses(self, cluster):
         """What Slurm says of each node now (a list of NodeStatus)."""
-        raise NotImplementedError
+        return self.slurm(cluster).nodes()
 
     def jobs(self, cluster):
         """Slurm's queue now (a list of JobStatus)."""
-        raise NotImplementedError
+        return self.slurm(cluster).jobs()
 
     def node_shape(self, cluster, pool):
         """The NodeShape each node of `pool` gets on this backend; shown on the cluster page."""
@@ -107,7 +124,7 @@ class Backend:
         raise PermanentBackendError(f"The {self.name} backend cannot submit jobs yet")
 
     def cancel_job(self, cluster, job_id):
-        raise PermanentBackendError(f"The {self.name} backend cannot cancel jobs yet")
+        self.slurm(cluster).cancel(job_id)
 
     # -- remediation (issue: health scans and self-repair) ---------------------------------------
 
@@ -150,7 +167,8 @@ class Backend:
     def call_slurm_rest(self, cluster, method, path, body=None, account=None):
         """Forward a request to the cluster's slurmrestd as `account` (a clusters.accounts.Account;
         None: the console's service account); returns (HTTP status, raw body)."""
-        raise PermanentBackendError(f"The {self.name} backend cannot reach slurmrestd yet")
+        user = account.name if account is not None else "root"
+        return self.slurm(cluster).request(method, path, body, user=user)
 
     def ensure_account(self, cluster, account):
         """Make `account` (user, and its project group) exist on the cluster's nodes, in the group
@@ -159,7 +177,7 @@ class Backend:
 
     def job_status(self, cluster, job_id):
         """The job's JobStatus while Slurm still knows it, else None."""
-        return next((job for job in self.jobs(cluster) if job.job_id == job_id), None)
+        return self.slurm(cluster).job(job_id)
 
     @staticmethod
     def save_state(cluster, **values):

@@ -71,8 +71,11 @@ def sync_cluster(cluster):
 
 
 def failed(cluster, message, now):
+    """Keep the error; once the cluster's Slurm should be up (not while it is being built), note since
+    when it has been silent, once on the timeline."""
     message = message[:500]
-    if SlurmSync.objects.filter(pk=cluster.pk, failing_since__isnull=True).update(failing_since=now):
+    watched = cluster.status in ClusterStatus.watched()
+    if watched and SlurmSync.objects.filter(pk=cluster.pk, failing_since__isnull=True).update(failing_since=now):
         record_event(cluster, f"{message}; pages show the state as last seen", level=EventLevel.WARNING)
     SlurmSync.objects.filter(pk=cluster.pk).update(error=message)
     log.info("sync of %s failed: %s", cluster, message)

@@ -15,9 +15,9 @@ import shutil
 from django.conf import settings
 
 from ...choices import NodeState
-from ...slurm.client import parse_sinfo, parse_squeue, run_client
+from ...slurm.client import run_client
 from ...spec import pool_node_count
-from ..base import Backend, Step
+from ..base import Backend, SlurmEndpoint, Step
 from . import accounts, conf, daemons, ports, remediation
 from .paths import paths_for, prepare
 
@@ -112,17 +112,13 @@ class LocalBackend(Backend):
         steps = [Step(f"Stop {what}", lambda ctx, stop=stop: stop()) for what, stop in daemons.stop_all(paths)]
         return [*steps, Step("Remove the cluster directory", lambda ctx: shutil.rmtree(paths.root, ignore_errors=True))]
 
-    def node_statuses(self, cluster):
+    def slurm_endpoint(self, cluster):
+        """The cluster's slurmrestd on 127.0.0.1 and its JWT key (a 0600 file in the cluster's folder)."""
         paths = paths_for(cluster)
-        if not paths.conf.exists():
-            return []
-        return parse_sinfo(run_client(paths.conf, "sinfo", "--json", timeout=10).stdout)
-
-    def jobs(self, cluster):
-        paths = paths_for(cluster)
-        if not paths.conf.exists():
-            return []
-        return parse_squeue(run_client(paths.conf, "squeue", "--json", timeout=10).stdout)
+        port = cluster.backend_state.get("ports", {}).get("slurmrestd")
+        if not port or not paths.jwt_key.exists():
+            return None  # not created yet, or made before slurmrestd was added
+        return SlurmEndpoint(f"http://127.0.0.1:{port}", paths.jwt_key.read_bytes())
 
     def shared_dir(self, cluster):
         return paths_for(cluster).jobs
@@ -139,19 +135,6 @@ class LocalBackend(Backend):
             user=account.name if account is not None else None,
         )  # fmt: skip
         return int(result.stdout.strip().split(";")[0])
-
-    def cancel_job(self, cluster, job_id):
-        run_client(paths_for(cluster).conf, "scancel", str(job_id), timeout=30)
-
-    def job_status(self, cluster, job_id):
-        result = run_client(paths_for(cluster).conf, "squeue", "--json", "-j", str(job_id), timeout=15, check=False)
-        if result.returncode != 0:
-            return None  # Slurm has forgotten the job (older than MinJobAge)
-        return next((job for job in parse_squeue(result.stdout) if job.job_id == job_id), None)
-
-    def call_slurm_rest(self, cluster, method, path, body=None, account=None):
-        user = account.name if account is not None else "root"
-        return daemons.call_slurm_rest(cluster, paths_for(cluster), method, path, body, user=user)
 
     def ensure_account(self, cluster, account):
         accounts.ensure(account, paths_for(cluster).jobs)

@@ -4,18 +4,15 @@ Processes are found by their command line (the conf path and `-N <node>`), so a 
 never starts a second daemon. Every wait is a heartbeat of the step it runs in.
 """
 
-import json
 import os
 import subprocess
 import time
-import urllib.error
-import urllib.request
 
 from django.conf import settings
 
 from ... import processes
 from ...slurm.client import parse_sinfo, run_client, scontrol_fields
-from ...work import PermanentBackendError, TransientBackendError, heartbeat
+from ...work import TransientBackendError, heartbeat
 from ..base import Backend
 from . import conf
 from .ports import port_is_free
@@ -214,27 +211,3 @@ def start_slurmrestd(cluster, paths):
     if not processes.wait_for(lambda: not port_is_free(port), timeout=15, waiting_for="slurmrestd"):
         raise TransientBackendError(f"slurmrestd did not start; see {paths.logs / 'slurmrestd.log'}")
     Backend.save_state(cluster, slurmrestd_conf=conf.digest(paths))
-
-
-def call_slurm_rest(cluster, paths, method, path, body=None, user="root"):
-    """Forward one request to the cluster's slurmrestd as `user`, with a JWT minted for that user
-    alone (5 minutes): Slurm runs what the request submits as that user."""
-    port = cluster.backend_state.get("ports", {}).get("slurmrestd")
-    if not port:
-        raise PermanentBackendError("this cluster has no slurmrestd (it was created before slurmrestd was added)")
-    token = run_client(paths.conf, "scontrol", "token", f"username={user}", "lifespan=300").stdout.strip()
-    token = token.split("=", 1)[1] if token.startswith("SLURM_JWT=") else token
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}",
-        data=data,
-        method=method,
-        headers={"X-SLURM-USER-NAME": user, "X-SLURM-USER-TOKEN": token, "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except OSError as exc:
-        raise TransientBackendError(f"slurmrestd is not answering: {exc}") from None

@@ -1,0 +1,112 @@
+"""The console's one client for a cluster's slurmrestd (openapi/v0.0.38), for every backend.
+
+The console signs its own JWTs (HS256) with the cluster's JWT key, for the Slurm user it acts as:
+the service account (root) for the sync, cancels and node updates, a user's POSIX account for what a
+user submits. No Slurm client program runs on the console's host, so the console needs only an HTTP
+route to the controller (docs/backends.md, "How the console reaches a cluster").
+
+    client = SlurmRest(endpoint)                 # endpoint: SlurmEndpoint(url, jwt_key)
+    client.nodes() -> [NodeStatus]   client.jobs() -> [JobStatus]   client.job(id) -> JobStatus | None
+    client.submit(script, job, user=...) -> job id   client.cancel(id)   client.request(method, path, body)
+"""
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+from ..work import PermanentBackendError, TransientBackendError
+from .client import parse_sinfo, parse_squeue
+
+API = "/slurm/v0.0.38"
+SERVICE_USER = "root"  # what the console's own calls run as in Slurm
+
+
+@dataclass(frozen=True)
+class SlurmEndpoint:
+    """Where a cluster's slurmrestd answers and the key its JWTs are signed with (never shown)."""
+
+    url: str  # e.g. http://127.0.0.1:6820
+    jwt_key: bytes = field(repr=False)
+
+
+def b64url(raw):
+    return base64.urlsafe_b64encode(raw).rstrip(b"=")
+
+
+def mint_token(key, user, lifespan=300, now=None):
+    """An HS256 JWT Slurm's auth/jwt accepts for `user` (claims sun, iat, exp)."""
+    now = int(now if now is not None else time.time())
+    header = b64url(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
+    claims = {"iat": now, "exp": now + lifespan, "sun": user}
+    payload = b64url(json.dumps(claims, separators=(",", ":")).encode())
+    signature = b64url(hmac.new(key, header + b"." + payload, hashlib.sha256).digest())
+    return (header + b"." + payload + b"." + signature).decode()
+
+
+class SlurmRest:
+    def __init__(self, endpoint, timeout=20):
+        self.endpoint, self.timeout = endpoint, timeout
+
+    def request(self, method, path, body=None, user=SERVICE_USER):
+        """(HTTP status, raw body) of one request as `user`; TransientBackendError when unreachable."""
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            self.endpoint.url.rstrip("/") + path,
+            data=data,
+            method=method,
+            headers={
+                "X-SLURM-USER-NAME": user,
+                "X-SLURM-USER-TOKEN": mint_token(self.endpoint.jwt_key, user),
+                "Content-Type": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+        except (OSError, ValueError) as exc:
+            raise TransientBackendError(f"slurmrestd is not answering: {exc}") from None
+
+    def call(self, method, path, body=None, user=SERVICE_USER, what=None):
+        """The JSON answer of a request that must succeed; Slurm's "errors" become an exception."""
+        status, raw = self.request(method, path, body, user=user)
+        what = what or f"{method} {path}"
+        try:
+            data = json.loads(raw or b"{}")
+        except ValueError:
+            raise TransientBackendError(f"{what}: slurmrestd answered {status} with no JSON") from None
+        errors = (data.get("errors") or []) if isinstance(data, dict) else []
+        if status >= 400 or errors:
+            first = errors[0] if errors else {}
+            detail = first.get("description") or first.get("error") or f"HTTP {status}"
+            error = PermanentBackendError if status in (400, 401, 403, 404) else TransientBackendError
+            raise error(f"{what} failed: {detail}")
+        return data
+
+    def nodes(self):
+        return parse_sinfo(json.dumps(self.call("GET", f"{API}/nodes", what="slurmrestd nodes")))
+
+    def jobs(self):
+        return parse_squeue(json.dumps(self.call("GET", f"{API}/jobs", what="slurmrestd jobs")))
+
+    def job(self, job_id):
+        """The job while Slurm still knows it, else None."""
+        status, raw = self.request("GET", f"{API}/job/{int(job_id)}")
+        if status >= 400:
+            return None  # Slurm has forgotten the job (older than MinJobAge)
+        data = json.loads(raw or b"{}")
+        return next((job for job in parse_squeue(json.dumps(data)) if job.job_id == int(job_id)), None)
+
+    def submit(self, script, job, user=SERVICE_USER):
+        """Submit `script` (its text travels in the request) with the v0.0.38 `job` fields, as `user`."""
+        data = self.call("POST", f"{API}/job/submit", {"script": script, "job": job}, user=user, what="sbatch")
+        return int(data["job_id"])
+
+    def cancel(self, job_id, user=SERVICE_USER):
+        self.call("DELETE", f"{API}/job/{int(job_id)}", user=user, what=f"scancel {int(job_id)}")
