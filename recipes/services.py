@@ -112,7 +112,11 @@ def checkpoint_source(cluster, recipe, source):
     family = get_recipe(run.recipe_id)["family"]
     if family != recipe["family"]:
         return None, f"that checkpoint is a {family} model; this recipe trains {recipe['family']}"
-    if not latest_checkpoint(run):
+    try:
+        found = latest_checkpoint(run)
+    except ConsoleError as exc:
+        return None, f"that run's checkpoints cannot be read: {exc.message}"
+    if not found:
         return None, "that run has no checkpoint yet"
     return run, ""
 
@@ -139,10 +143,26 @@ def to_int(value, field, errors, minimum):
     return number
 
 
+def in_run(run, *parts):
+    """A path in the run's folder relative to the cluster's shared home, for the cluster agent."""
+    return "/".join(["runs", Path(run.work_dir).name, *parts])
+
+
 def latest_checkpoint(run):
-    folder = Path(run.work_dir) / "checkpoints"
-    found = sorted(folder.glob("step-*"), key=lambda p: int(p.name.split("-")[1])) if folder.exists() else []
-    return found[-1] if found else None
+    """(absolute path on the cluster, saved step) of the run's newest checkpoint, or None."""
+    names = [n for n in clusters.list_files(run.cluster, in_run(run, "checkpoints"), "step-*") if n[5:].isdigit()]
+    if not names:
+        return None
+    name = max(names, key=lambda n: int(n[5:]))
+    meta = json.loads(clusters.read_file(run.cluster, in_run(run, "checkpoints", name, "meta.json")))
+    return Path(run.work_dir) / "checkpoints" / name, meta["step"]
+
+
+def result_of(run):
+    """The run's result.json as a dict, or None while it has none."""
+    if not clusters.file_exists(run.cluster, in_run(run, "result.json")):
+        return None
+    return json.loads(clusters.read_file(run.cluster, in_run(run, "result.json")))
 
 
 def resolve_config(launch, work_dir):
@@ -170,8 +190,7 @@ def resolve_config(launch, work_dir):
         config["dataset"] = str(Path(settings.BASE_DIR) / recipe["dataset"])
     if launch["init_from"] is not None:
         # Continued pretraining carries on the step count: it trains `steps` more after the saved step.
-        checkpoint = latest_checkpoint(launch["init_from"])
-        saved = json.loads((checkpoint / "meta.json").read_text())["step"]
+        checkpoint, saved = latest_checkpoint(launch["init_from"])
         config.update(init_from=str(checkpoint), steps=saved + launch["steps"])
     return config
 
@@ -253,9 +272,11 @@ def launch_run(*, cluster, data, user=None):
     run.work_dir = str(work_dir)
     run.config = resolve_config(launch, work_dir)
     run.script = render_script(f"{launch['recipe']['id']}-{str(run.uuid)[:8]}", launch, work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    (work_dir / "config.json").write_text(json.dumps(run.config, indent=2))
-    (work_dir / "job.sbatch").write_text(run.script)
+    try:
+        clusters.write_file(cluster, in_run(run, "config.json"), json.dumps(run.config, indent=2))
+        clusters.write_file(cluster, in_run(run, "job.sbatch"), run.script)
+    except ConsoleError as exc:
+        raise FieldErrors({"cluster": [f"could not write the run's files: {exc.message}"]}) from None
     try:
         run.slurm_job_id = clusters.submit_batch(cluster, work_dir / "job.sbatch", user=user)
     except ConsoleError as exc:
@@ -274,7 +295,10 @@ def sync_runs(cluster, jobs):
     cluster and follow its job in `jobs` ({job_id: JobStatus}, Slurm's queue at this sync)."""
     for run in cluster.runs.filter(status__in=RunStatus.active()):
         read_progress(run)  # first: a job Slurm already reports ended has written all it will
-        follow_run(run, jobs.get(run.slurm_job_id))
+        try:
+            follow_run(run, jobs.get(run.slurm_job_id))
+        except ConsoleError:
+            continue  # the agent is not answering: judge the run at the next sync
 
 
 def refresh_run(run):
@@ -291,28 +315,31 @@ def refresh_run(run):
 
 
 def read_progress(run):
-    """Store the metrics lines the run appended since the last read, and its log's tail."""
-    work_dir = Path(run.work_dir)
-    path = work_dir / "metrics.jsonl"
-    rows, offset = [], run.metrics_offset
+    """Store the metrics lines the run appended since the last read, and its log's tail (through the
+    cluster agent); a silent agent leaves both as they were."""
     try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            chunk = handle.read(METRICS_READ_BYTES)
-    except OSError:
-        chunk = b""
-    done = chunk.rfind(b"\n") + 1  # a line still being written waits for the next sync
-    line = run.metric_rows.count()
-    for raw in chunk[:done].splitlines():
-        try:
-            record = json.loads(raw)
-            step = int(record["step"])
-        except (ValueError, KeyError, TypeError):
-            continue  # not a metrics line: skipped, never fatal
-        rows.append(RunMetric(run=run, line=line, step=max(step, 0), values=record))
-        line += 1
+        chunk = clusters.read_file(run.cluster, in_run(run, "metrics.jsonl"), run.metrics_offset, METRICS_READ_BYTES)
+    except ConsoleError:
+        chunk = None  # no metrics yet, or the agent is not answering
+    try:
+        logs = clusters.list_files(run.cluster, in_run(run), "slurm-*.out")
+        log = clusters.tail_file(run.cluster, in_run(run, logs[-1]), LOG_TAIL_LINES) if logs else ""
+    except ConsoleError:
+        log = run.log_tail
+    rows, done = [], 0
+    if chunk:
+        done = chunk.rfind(b"\n") + 1  # a line still being written waits for the next sync
+        line = run.metric_rows.count()
+        for raw in chunk[:done].splitlines():
+            try:
+                record = json.loads(raw)
+                step = int(record["step"])
+            except (ValueError, KeyError, TypeError):
+                continue  # not a metrics line: skipped, never fatal
+            rows.append(RunMetric(run=run, line=line, step=max(step, 0), values=record))
+            line += 1
     RunMetric.objects.bulk_create(rows, ignore_conflicts=True)
-    fields = {"metrics_offset": offset + done, "log_tail": read_log_tail(work_dir), "progress_synced": timezone.now()}
+    fields = {"metrics_offset": run.metrics_offset + done, "log_tail": log, "progress_synced": timezone.now()}
     Run.objects.filter(pk=run.pk).update(**fields)
     for key, value in fields.items():
         setattr(run, key, value)
@@ -320,20 +347,6 @@ def read_progress(run):
 
 METRICS_READ_BYTES = 4 << 20  # per sync; a longer backlog is read over the next syncs
 LOG_TAIL_LINES = 40
-
-
-def read_log_tail(work_dir, lines=LOG_TAIL_LINES):
-    files = sorted(work_dir.glob("slurm-*.out"))
-    if not files:
-        return ""
-    try:
-        with files[-1].open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 64 * 1024))
-            text = handle.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
 
 
 def follow_run(run, job):
@@ -344,14 +357,14 @@ def follow_run(run, job):
     now = timezone.now()
     if job is None:
         # Slurm forgot the job: judge by what the run left behind.
-        new = RunStatus.COMPLETED if (Path(run.work_dir) / "result.json").exists() else RunStatus.FAILED
+        new = RunStatus.COMPLETED if result_of(run) is not None else RunStatus.FAILED
         fields = {"finished": now}
         if new == RunStatus.FAILED:
             fields["error"] = "Slurm no longer knows the job and it left no result"
         moved = run.set_status(new, expected=RunStatus.active(), **fields)
     else:
         new = run_status(job.state)
-        if new == RunStatus.COMPLETED and not (Path(run.work_dir) / "result.json").exists():
+        if new == RunStatus.COMPLETED and result_of(run) is None:
             new = RunStatus.FAILED  # judge success by the result, not only the exit code
         fields = {
             "slurm_state": job.state,
@@ -435,11 +448,11 @@ def register_model(*, run, name, user=None):
         raise FieldErrors({"name": ["must be lowercase letters, digits and hyphens, starting with a letter"]})
     if run.status != RunStatus.COMPLETED:
         raise Conflict("Only a completed run can be registered")
-    checkpoint = latest_checkpoint(run)
-    if checkpoint is None:
+    found = latest_checkpoint(run)
+    if found is None:
         raise Conflict("The run left no checkpoint")
-    result = Path(run.work_dir) / "result.json"
-    final_loss = json.loads(result.read_text()).get("final_loss") if result.exists() else None
+    checkpoint, step = found
+    final_loss = (result_of(run) or {}).get("final_loss")
     project = run.cluster.project
     with transaction.atomic():
         latest = (
@@ -452,7 +465,7 @@ def register_model(*, run, name, user=None):
             run=run,
             family=get_recipe(run.recipe_id)["family"],
             checkpoint=str(checkpoint),
-            step=json.loads((checkpoint / "meta.json").read_text())["step"],
+            step=step,
             final_loss=final_loss,
             created_by=user,
         )

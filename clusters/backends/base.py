@@ -17,7 +17,8 @@ Rules every backend keeps:
   capacity error, an API timeout); `PermanentBackendError` means it cannot (bad quota, bad config).
 * Whatever a backend must remember between steps lives in `cluster.backend_state`, saved with
   `save_state()`; secrets never do (they live in files or secret stores the backend owns).
-* The console reaches every cluster's Slurm the same way: through its slurmrestd. A backend says
+* The console reaches every cluster's Slurm the same way: through its slurmrestd, and the
+  cluster's files through its agent (`agent_endpoint`, clusters/agent/). A backend says
   where with `slurm_endpoint(cluster)` (URL and JWT key); node states, jobs, job status, cancels
   and `:callSlurmRestApi` then go through the one client in clusters/slurm/rest.py, whatever the
   backend. A backend whose slurmrestd the console cannot reach yet answers None and overrides them.
@@ -25,11 +26,13 @@ Rules every backend keeps:
 
 from dataclasses import dataclass
 
+from ..agent.client import AgentClient, AgentEndpoint
 from ..slurm.rest import SlurmEndpoint, SlurmRest
 from ..slurm.states import JobStatus, NodeStatus
 from ..work import BackendError, PermanentBackendError, Step, TransientBackendError
 
 __all__ = [
+    "AgentEndpoint",
     "Backend",
     "BackendError",
     "JobStatus",
@@ -96,6 +99,17 @@ class Backend:
         if endpoint is None:
             raise PermanentBackendError(f"The console cannot reach this cluster's slurmrestd on {self.label} yet")
         return SlurmRest(endpoint)
+
+    def agent_endpoint(self, cluster):
+        """Where the cluster agent (files under the shared home) answers the console, or None while it cannot."""
+        return None
+
+    def agent(self, cluster):
+        """The cluster agent's client; PermanentBackendError where there is none yet."""
+        endpoint = self.agent_endpoint(cluster)
+        if endpoint is None:
+            raise PermanentBackendError(f"The console cannot reach this cluster's agent on {self.label} yet")
+        return AgentClient(endpoint)
 
     def node_statuses(self, cluster):
         """What Slurm says of each node now (a list of NodeStatus)."""

@@ -4,10 +4,12 @@ requests.py   create (and dry run), drafts, update, delete: validate, then opera
 reach.py      what a page or recipe needs from the cluster's backend (shapes, plan, jobs, slurmrestd)
 sync.py       the periodic sync: Slurm's node states and job queue pulled into the database
 live.py       those rows, read (pages and GET endpoints read only these, never Slurm)
+files.py      the cluster's files under its shared home, through the cluster agent
 members.py    a project's members and roles
 """
 
 from . import members
+from .files import file_exists, list_files, read_file, tail_file, write_file
 from .live import job_filters, jobs_of, node_state_counts, nodes_of, sync_state
 from .reach import (
     backend_choices,
@@ -48,11 +50,13 @@ __all__ = [
     "drain",
     "dry_run",
     "faults_dir",
+    "file_exists",
     "gpus_per_node",
     "inject_fault",
     "job_filters",
     "job_status",
     "jobs_of",
+    "list_files",
     "login_env",
     "members",
     "node_shapes",
@@ -60,12 +64,15 @@ __all__ = [
     "nodes_of",
     "on_sync",
     "plan",
+    "read_file",
     "save_draft",
     "shared_dir",
     "submit_batch",
     "submit_draft",
     "sync_cluster",
     "sync_state",
+    "tail_file",
     "update_cluster",
     "validate_request",
+    "write_file",
 ]

@@ -17,7 +17,7 @@ from django.conf import settings
 from ...choices import NodeState
 from ...slurm.client import run_client
 from ...spec import pool_node_count
-from ..base import Backend, SlurmEndpoint, Step
+from ..base import AgentEndpoint, Backend, SlurmEndpoint, Step
 from . import accounts, conf, daemons, ports, remediation
 from .paths import paths_for, prepare
 
@@ -104,6 +104,7 @@ class LocalBackend(Backend):
             Step("Reconfigure running nodes", lambda ctx: daemons.reconfigure(cluster, paths, names)),
             Step("Wait for nodes to register idle", lambda ctx: daemons.wait_idle(paths, names)),
             Step("Start slurmrestd", lambda ctx: daemons.start_slurmrestd(cluster, paths)),
+            Step("Start the cluster agent", lambda ctx: daemons.start_agent(cluster, paths)),
         ]
         return steps
 
@@ -119,6 +120,14 @@ class LocalBackend(Backend):
         if not port or not paths.jwt_key.exists():
             return None  # not created yet, or made before slurmrestd was added
         return SlurmEndpoint(f"http://127.0.0.1:{port}", paths.jwt_key.read_bytes())
+
+    def agent_endpoint(self, cluster):
+        """The cluster agent on 127.0.0.1 and its key (a 0600 file in the cluster's folder)."""
+        paths = paths_for(cluster)
+        port = cluster.backend_state.get("ports", {}).get("agent")
+        if not port or not paths.agent_key.exists():
+            return None
+        return AgentEndpoint(f"http://127.0.0.1:{port}", paths.agent_key.read_bytes().hex())
 
     def shared_dir(self, cluster):
         return paths_for(cluster).jobs

@@ -6,6 +6,7 @@ never starts a second daemon. Every wait is a heartbeat of the step it runs in.
 
 import os
 import subprocess
+import sys
 import time
 
 from django.conf import settings
@@ -15,7 +16,7 @@ from ...slurm.client import parse_sinfo, run_client, scontrol_fields
 from ...work import TransientBackendError, heartbeat
 from ..base import Backend
 from . import conf
-from .ports import port_is_free
+from .ports import port_answers
 
 
 def start_munged(paths):
@@ -96,11 +97,39 @@ def leftovers(paths):
     return sorted((named | envs) - {os.getpid()})
 
 
+def agent_pids(paths):
+    return sorted(
+        pid
+        for pid, argv in processes.command_lines()
+        if any(arg.endswith("agent/server.py") for arg in argv) and str(paths.jobs) in argv
+    )
+
+
+def start_agent(cluster, paths):
+    """The cluster agent (clusters/agent/server.py) on 127.0.0.1, serving the cluster's home; as on a
+    VM's controller, it runs as root beside slurmctld."""
+    from ...agent import server
+
+    if agent_pids(paths):
+        return
+    port = cluster.backend_state["ports"]["agent"]
+    log = open(paths.logs / "agent.log", "ab")  # noqa: SIM115 - handed to the daemon
+    subprocess.Popen(
+        ["setsid", "-f", sys.executable, server.__file__, "--home", str(paths.jobs),
+         "--key-file", str(paths.agent_key), "--listen", f"127.0.0.1:{port}"],
+        env={"PATH": "/usr/bin:/bin"}, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    log.close()
+    if not processes.wait_for(lambda: port_answers(port), timeout=15, waiting_for="the cluster agent"):
+        raise TransientBackendError(f"the cluster agent did not start; see {paths.logs / 'agent.log'}")
+
+
 def stop_all(paths):
-    """The delete steps' work, in order: the jobs, slurmrestd, every slurmd, slurmctld, munged, then
-    anything of the cluster still running (job steps, TensorBoard)."""
+    """The delete steps' work, in order: the jobs, the agent, slurmrestd, every slurmd, slurmctld,
+    munged, then anything of the cluster still running (job steps, TensorBoard)."""
     return [
         ("every job", lambda: cancel_jobs(paths)),
+        ("the cluster agent", lambda: processes.stop(agent_pids(paths))),
         ("slurmrestd", lambda: processes.stop(processes.find_pids("slurmrestd", str(paths.conf)))),
         ("slurmd on every node", lambda: processes.stop(processes.find_pids("slurmd", str(paths.conf)))),
         ("slurmctld", lambda: processes.stop(processes.find_pids("slurmctld", str(paths.conf)))),
@@ -184,6 +213,8 @@ def start_slurmrestd(cluster, paths):
         return
     processes.stop(running)
     port = cluster.backend_state["ports"]["slurmrestd"]
+    # The one it replaces must have let go of the port, or "answers" below would be its last words.
+    processes.wait_for(lambda: not port_answers(port), timeout=15, waiting_for="the old slurmrestd to stop")
     log = open(paths.logs / "slurmrestd.log", "ab")  # noqa: SIM115 - handed to the daemon
     # setsid -f: slurmrestd runs in the foreground; the extra fork leaves no zombie in the worker.
     subprocess.Popen(
@@ -208,6 +239,6 @@ def start_slurmrestd(cluster, paths):
         start_new_session=True,
         cwd=paths.root,
     )
-    if not processes.wait_for(lambda: not port_is_free(port), timeout=15, waiting_for="slurmrestd"):
+    if not processes.wait_for(lambda: port_answers(port), timeout=15, waiting_for="slurmrestd"):
         raise TransientBackendError(f"slurmrestd did not start; see {paths.logs / 'slurmrestd.log'}")
     Backend.save_state(cluster, slurmrestd_conf=conf.digest(paths))

@@ -32,6 +32,10 @@ class ClusterPaths:
         return self.secrets / "jwt_hs256.key"
 
     @property
+    def agent_key(self):
+        return self.secrets / "agent.key"
+
+    @property
     def munge_dir(self):
         return self.root / "munge"
 
@@ -91,6 +95,7 @@ def prepare(paths):
     paths.secrets.mkdir(mode=0o700, exist_ok=True)
     write_secret(paths.munge_key, 128)
     write_secret(paths.jwt_key, 32)
+    write_secret(paths.agent_key, 32)
     blocked = [str(p) for p in paths.root.parents if p.stat().st_mode & 0o001 == 0]
     if blocked:
         # slurmrestd runs as nobody and must reach slurm.conf.

@@ -20,12 +20,21 @@ def port_is_free(port):
     return True
 
 
+def port_answers(port):
+    """Something accepts connections on 127.0.0.1:port (a daemon is serving, not only bound)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def assign(cluster, wanted):
-    """Give slurmctld, slurmrestd and every wanted node a port; a node keeps the one it has."""
+    """Give slurmctld, slurmrestd, the cluster agent and every wanted node a port; a node keeps the one it has."""
     ports = dict(cluster.backend_state.get("ports", {}))
     nodes = {n: p for n, p in ports.get("nodes", {}).items() if n in {w.name for w in wanted}}
     taken = in_use() | set(nodes.values())
-    for daemon in ("slurmctld", "slurmrestd"):
+    for daemon in ("slurmctld", "slurmrestd", "agent"):
         if daemon not in ports:
             ports[daemon] = pick(taken)
         taken.add(ports[daemon])
@@ -48,7 +57,7 @@ def in_use():
         .values_list("backend_state", flat=True)
     ):
         ports = (state or {}).get("ports", {})
-        used.update([ports.get("slurmctld"), ports.get("slurmrestd"), *ports.get("nodes", {}).values()])
+        used.update([ports.get(d) for d in ("slurmctld", "slurmrestd", "agent")] + [*ports.get("nodes", {}).values()])
     return used
 
 

@@ -1,0 +1,70 @@
+"""The console's client for a cluster agent (server.py): files under the cluster's shared home.
+
+agent = AgentClient(AgentEndpoint(url, key))
+agent.stat("runs/7/result.json") -> {"exists", "size", "is_dir"}
+agent.read("runs/7/metrics.jsonl", offset=0, limit=1 << 20) -> bytes
+agent.tail("runs/7/slurm-12.out", lines=40) -> str
+agent.list("runs/7", "slurm-*.out") -> [names]
+agent.write("runs/7/config.json", b"...", mode=0o640)
+"""
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+from ..work import PermanentBackendError, TransientBackendError
+
+
+@dataclass(frozen=True)
+class AgentEndpoint:
+    url: str
+    key: str = field(repr=False)  # hex; never logged or shown
+
+
+class AgentRefused(PermanentBackendError):
+    """The agent answered but refused (unknown operation, a path outside the home, no such file)."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+class AgentClient:
+    def __init__(self, endpoint, timeout=20):
+        self.endpoint, self.timeout = endpoint, timeout
+
+    def call(self, operation, **body):
+        request = urllib.request.Request(
+            f"{self.endpoint.url.rstrip('/')}/v1/{operation}",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {self.endpoint.key}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read()).get("error", "")
+            except ValueError:
+                message = ""
+            raise AgentRefused(exc.code, f"the cluster agent refused {operation}: {message or exc.code}") from None
+        except (OSError, ValueError) as exc:
+            raise TransientBackendError(f"the cluster agent is not answering: {exc}") from None
+
+    def stat(self, path):
+        return self.call("stat", path=path)
+
+    def read(self, path, offset=0, limit=1 << 20):
+        return base64.b64decode(self.call("read", path=path, offset=offset, limit=limit)["data"])
+
+    def tail(self, path, lines=40):
+        return self.call("tail", path=path, lines=lines)["text"]
+
+    def list(self, path, pattern="*"):
+        return self.call("list", path=path, pattern=pattern)["names"]
+
+    def write(self, path, data, mode=0o640):
+        return self.call("write", path=path, data=base64.b64encode(data).decode(), mode=mode)

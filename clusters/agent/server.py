@@ -1,0 +1,205 @@
+"""The cluster agent (runs on the cluster's controller; standard library only).
+
+    python3 server.py --home /home --key-file /etc/tcc/agent.key --listen 127.0.0.1:6821
+
+Every request is `POST /v1/<operation>` with a JSON object and `Authorization: Bearer <key>` (the hex
+of the cluster's agent key file, compared in constant time). Operations, all on paths RELATIVE to the cluster's
+shared home and resolved inside it (no absolute paths, no `..`, no NUL, and no symlink that leads out):
+
+    stat  {path}                         -> {exists, size, is_dir}
+    read  {path, offset=0, limit=1 MiB}  -> {data (base64), offset, size}      whole lines not promised
+    tail  {path, lines=40}               -> {text}                             the last lines (UTF-8, replaced)
+    list  {path, pattern="*"}            -> {names}                            sorted, at most 1,000
+    write {path, data (base64), mode}    -> {size}                             atomic; parents made; 4 MiB at most
+
+Anything else is 404, a bad key 401, a bad argument 400 with {"error": ...}. The agent never runs a
+program and never reads outside the home.
+"""
+
+import argparse
+import base64
+import binascii
+import fnmatch
+import hmac
+import json
+import os
+import sys
+import tempfile
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MAX_READ = 4 << 20
+MAX_WRITE = 4 << 20
+MAX_BODY = 6 << 20
+MAX_NAMES = 1000
+TAIL_WINDOW = 256 << 10
+
+
+class Refused(Exception):
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+def bad(message):
+    return Refused(HTTPStatus.BAD_REQUEST, message)
+
+
+class Home:
+    def __init__(self, root):
+        self.root = os.path.realpath(root)
+
+    def resolve(self, path, *, must_exist=True):
+        """The real path of `path` (relative to the home), refused when it would leave the home."""
+        if not isinstance(path, str) or not path or "\x00" in path or len(path) > 1024:
+            raise bad("path must be a non-empty relative path")
+        if path.startswith("/") or any(part == ".." for part in path.split("/")):
+            raise bad("path must be relative to the cluster's home, without '..'")
+        real = os.path.realpath(os.path.join(self.root, path))
+        if real != self.root and not real.startswith(self.root + os.sep):
+            raise bad("path leads outside the cluster's home")
+        if must_exist and not os.path.exists(real):
+            raise Refused(HTTPStatus.NOT_FOUND, f"no such file: {path}")
+        return real
+
+
+def number(body, key, default, low, high):
+    value = body.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise bad(f"{key} must be a whole number from {low} to {high}")
+    return value
+
+
+def op_stat(home, body):
+    real = home.resolve(body.get("path"), must_exist=False)
+    if not os.path.exists(real):
+        return {"exists": False, "size": 0, "is_dir": False}
+    return {"exists": True, "size": os.path.getsize(real), "is_dir": os.path.isdir(real)}
+
+
+def op_read(home, body):
+    real = home.resolve(body.get("path"))
+    offset = number(body, "offset", 0, 0, 1 << 62)
+    limit = number(body, "limit", 1 << 20, 1, MAX_READ)
+    if os.path.isdir(real):
+        raise bad("path is a folder")
+    with open(real, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        handle.seek(offset)
+        data = handle.read(limit)
+    return {"data": base64.b64encode(data).decode(), "offset": offset, "size": size}
+
+
+def op_tail(home, body):
+    real = home.resolve(body.get("path"))
+    lines = number(body, "lines", 40, 1, 1000)
+    if os.path.isdir(real):
+        raise bad("path is a folder")
+    with open(real, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, handle.tell() - TAIL_WINDOW))
+        text = handle.read().decode(errors="replace")
+    return {"text": "\n".join(text.splitlines()[-lines:])}
+
+
+def op_list(home, body):
+    real = home.resolve(body.get("path"))
+    pattern = body.get("pattern", "*")
+    if not isinstance(pattern, str) or "/" in pattern or len(pattern) > 200:
+        raise bad("pattern must be a file name pattern such as slurm-*.out")
+    if not os.path.isdir(real):
+        raise bad("path is not a folder")
+    names = sorted(name for name in os.listdir(real) if fnmatch.fnmatchcase(name, pattern))
+    return {"names": names[:MAX_NAMES]}
+
+
+def op_write(home, body):
+    real = home.resolve(body.get("path"), must_exist=False)
+    try:
+        data = base64.b64decode(body.get("data", ""), validate=True)
+    except (binascii.Error, TypeError, ValueError):
+        raise bad("data must be base64") from None
+    if len(data) > MAX_WRITE:
+        raise bad(f"data must be at most {MAX_WRITE} bytes")
+    mode = number(body, "mode", 0o640, 0, 0o777)
+    folder = os.path.dirname(real)
+    os.makedirs(folder, exist_ok=True)
+    home.resolve(os.path.relpath(folder, home.root) if folder != home.root else ".", must_exist=True)
+    descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=".agent-")
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.chmod(temporary, mode)
+        os.replace(temporary, real)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    return {"size": len(data)}
+
+
+OPERATIONS = {"stat": op_stat, "read": op_read, "tail": op_tail, "list": op_list, "write": op_write}
+
+
+def handler_for(home, key):
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "tcc-agent/1"
+
+        def log_message(self, format, *args):
+            sys.stderr.write(f"{self.address_string()} {format % args}\n")  # no headers, no bodies
+
+        def answer(self, status, body):
+            raw = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self):
+            self.answer(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "use POST /v1/<operation>"})
+
+        def do_POST(self):
+            try:
+                self.answer(HTTPStatus.OK, self.handle_post())
+            except Refused as exc:
+                self.answer(exc.status, {"error": str(exc)})
+            except OSError as exc:
+                self.answer(HTTPStatus.CONFLICT, {"error": f"{type(exc).__name__}: {exc.strerror or exc}"})
+
+        def handle_post(self):
+            given = self.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), b"Bearer " + key):
+                raise Refused(HTTPStatus.UNAUTHORIZED, "a valid agent key is required")
+            name = self.path.removeprefix("/v1/")
+            if not self.path.startswith("/v1/") or name not in OPERATIONS:
+                raise Refused(HTTPStatus.NOT_FOUND, "unknown operation")
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY:
+                raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request too large")
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                raise bad("the body must be JSON") from None
+            if not isinstance(body, dict):
+                raise bad("the body must be a JSON object")
+            return OPERATIONS[name](home, body)
+
+    return Handler
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--home", required=True)
+    parser.add_argument("--key-file", required=True)
+    parser.add_argument("--listen", default="127.0.0.1:6821")
+    args = parser.parse_args(argv)
+    with open(args.key_file, "rb") as handle:
+        key = binascii.hexlify(handle.read())  # the file holds random bytes; clients send their hex
+    host, _, port = args.listen.rpartition(":")
+    server = ThreadingHTTPServer((host, int(port)), handler_for(Home(args.home), key))
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

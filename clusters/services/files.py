@@ -1,0 +1,43 @@
+"""The cluster's files, for pages, recipes and health: through the cluster agent, never a folder the
+console opens itself. Paths are relative to the cluster's shared home (e.g. "runs/<id>/metrics.jsonl");
+the agent refuses anything that leads outside it. Failures are ConsoleErrors: Unavailable (503) when
+the agent does not answer, Conflict when it refuses (no such file, a path outside the home)."""
+
+from console.errors import Conflict, Unavailable
+
+from ..backends import get_backend
+from ..work import BackendError
+
+
+def agent_call(cluster, operation, *args, **kwargs):
+    try:
+        return getattr(get_backend(cluster.backend).agent(cluster), operation)(*args, **kwargs)
+    except BackendError as exc:
+        raise (Unavailable if exc.retryable else Conflict)(str(exc)) from None
+
+
+def file_exists(cluster, path):
+    return agent_call(cluster, "stat", path)["exists"]
+
+
+def read_file(cluster, path, offset=0, limit=1 << 20):
+    """Up to `limit` bytes of the file from `offset` (b"" past its end)."""
+    return agent_call(cluster, "read", path, offset=offset, limit=limit)
+
+
+def tail_file(cluster, path, lines=40):
+    return agent_call(cluster, "tail", path, lines=lines)
+
+
+def list_files(cluster, path, pattern="*"):
+    """Names in the folder matching `pattern` (sorted); [] when the folder does not exist."""
+    if not file_exists(cluster, path):
+        return []
+    return agent_call(cluster, "list", path, pattern)
+
+
+def write_file(cluster, path, data, mode=0o640):
+    """Write the file atomically (its folders made as needed)."""
+    if isinstance(data, str):
+        data = data.encode()
+    return agent_call(cluster, "write", path, data, mode=mode)

@@ -1,0 +1,118 @@
+"""The cluster agent (clusters/agent/server.py) as a real process on a scratch home: what it does on
+its allow-list, and what it refuses. Persona: mallory holds the agent's address and tries to leave the
+home or run something; the console holds the key."""
+
+import secrets
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from clusters.agent import server
+from clusters.agent.client import AgentClient, AgentEndpoint, AgentRefused
+from clusters.work import TransientBackendError
+
+from .conftest import wait_until
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    root = tmp_path_factory.mktemp("agent")
+    home, secret = root / "home", root / "agent.key"
+    home.mkdir()
+    key = secrets.token_bytes(32)
+    secret.write_bytes(key)
+    port = free_port()
+    command = [sys.executable, server.__file__, "--home", str(home), "--key-file", str(secret),
+               "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+
+    def answers():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    wait_until(answers, timeout=20, message="the agent")
+    yield AgentClient(AgentEndpoint(f"http://127.0.0.1:{port}", key.hex())), home, root
+    process.kill()
+    process.wait()
+
+
+def test_it_reads_tails_lists_and_writes_inside_the_home(agent):
+    client, home, _root = agent
+    client.write("runs/7/config.json", b'{"steps": 3}\n', mode=0o640)
+    assert (home / "runs/7/config.json").read_bytes() == b'{"steps": 3}\n'
+    assert oct((home / "runs/7/config.json").stat().st_mode & 0o777) == "0o640"
+    (home / "runs/7/slurm-12.out").write_text("".join(f"line {i}\n" for i in range(100)))
+    (home / "runs/7/slurm-9.out").write_text("old\n")
+    assert client.list("runs/7", "slurm-*.out") == ["slurm-12.out", "slurm-9.out"]
+    assert client.tail("runs/7/slurm-12.out", lines=2) == "line 98\nline 99"
+    assert client.read("runs/7/slurm-12.out", offset=7, limit=7) == b"line 1\n"
+    assert client.read("runs/7/slurm-12.out", offset=10**6) == b""
+    assert client.stat("runs/7/config.json") == {"exists": True, "size": 13, "is_dir": False}
+    assert client.stat("runs/7/missing.json")["exists"] is False
+    with pytest.raises(AgentRefused) as missing:
+        client.read("runs/7/missing.json")
+    assert missing.value.status == 404
+    assert not [p for p in (home / "runs/7").iterdir() if p.name.startswith(".agent-")]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["../agent.key", "/etc/passwd", "runs/../../agent.key", "runs/7/../../..", "", "a\x00b", "escape/agent.key",
+     "leak"],
+)  # fmt: skip
+def test_mallory_cannot_leave_the_home(agent, path):
+    client, home, root = agent
+    if not (home / "escape").exists():
+        (home / "escape").symlink_to(root)  # a folder link that leads out
+        (home / "leak").symlink_to(root / "agent.key")  # a file link that leads out
+    for operation in ("read", "stat", "tail"):
+        with pytest.raises(AgentRefused) as refused:
+            getattr(client, operation)(path)
+        assert refused.value.status == 400, (operation, path)
+    with pytest.raises(AgentRefused):
+        client.write(path, b"owned")
+    assert (root / "agent.key").stat().st_size == 32  # the key is untouched
+
+
+def test_a_link_that_stays_inside_the_home_is_followed(agent):
+    client, home, _root = agent
+    (home / "data.txt").write_text("inside\n")
+    (home / "alias.txt").symlink_to(home / "data.txt")
+    assert client.read("alias.txt") == b"inside\n"
+
+
+def test_it_refuses_unknown_operations_a_wrong_key_and_oversized_writes(agent):
+    client, home, _root = agent
+    for operation in ("exec", "run", "../stat", "delete"):
+        with pytest.raises(AgentRefused) as refused:
+            client.call(operation, path="x")
+        assert refused.value.status == 404
+    stranger = AgentClient(AgentEndpoint(client.endpoint.url, secrets.token_hex(32)))
+    with pytest.raises(AgentRefused) as refused:
+        stranger.stat("runs")
+    assert refused.value.status == 401
+    with pytest.raises(AgentRefused) as refused:
+        client.write("big.bin", b"x" * (server.MAX_WRITE + 1))
+    assert refused.value.status == 400 and not (home / "big.bin").exists()
+    for bad in ({"path": "x", "offset": -1}, {"path": "x", "limit": 10**9}, {"path": "x", "lines": "all"}):
+        with pytest.raises(AgentRefused) as refused:
+            client.call("read" if "lines" not in bad else "tail", **bad)
+        assert refused.value.status in (400, 404)
+    assert "key" not in repr(client.endpoint)
+
+
+def test_an_agent_that_does_not_answer_is_a_transient_error():
+    silent = AgentClient(AgentEndpoint(f"http://127.0.0.1:{free_port()}", "00"), timeout=2)
+    with pytest.raises(TransientBackendError, match="not answering"):
+        silent.stat("runs")
