@@ -283,6 +283,12 @@ GCE_CREDENTIALS_DIR = env("GCE_CREDENTIALS_DIR")
 GCE_OPERATION_TIMEOUT = envfloat("GCE_OPERATION_TIMEOUT", 1800)
 GCE_POLL_INTERVAL = envfloat("GCE_POLL_INTERVAL", 2)
 GCE_IMAGE = env("GCE_IMAGE", "projects/debian-cloud/global/images/family/debian-12")
+# GPU compute pools boot this image (NVIDIA driver and DCGM installed; the startup script fails on a
+# GPU node without nvidia-smi, and the failing line shows on the cluster's timeline); empty: GCE_IMAGE.
+GCE_GPU_IMAGE = env("GCE_GPU_IMAGE")
+# VMs run as runtime_spec.service_account when the spec names one, else as this ("default": the
+# project's Compute Engine default service account), with the cloud-platform scope.
+GCE_SERVICE_ACCOUNT = env("GCE_SERVICE_ACCOUNT", "default")
 GCE_CONTROLLER_MACHINE_TYPE = env("GCE_CONTROLLER_MACHINE_TYPE", "n2-standard-8")
 # Who may reach a login node's SSH port: Identity-Aware Proxy's TCP forwarding range by default
 # (https://cloud.google.com/iap/docs/using-tcp-forwarding), not the whole internet.

@@ -304,7 +304,7 @@ class FakeGoogleCloud:
             name = f"{base}/instances/{query['instanceId'][0]}"
             if f"{service}:{name}" in self.resources:
                 return 409, http_error(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
-            resource = {**body, "name": name, "state": "READY"}
+            resource = {**body, "name": name, "state": "READY", **self._server_fields(service)}
             self.resources[f"{service}:{name}"] = resource
             return 200, self._lro(base, {"@type": f"type.googleapis.com/{INSTANCE_TYPES[service]}", **resource})
         if len(rest) == 1 and method == "GET":
@@ -319,6 +319,14 @@ class FakeGoogleCloud:
             del self.resources[name]
             return 200, self._lro(base)
         return 405, http_error(405, "method not allowed")
+
+    def _server_fields(self, service):
+        """What the real services set on a new instance: Filestore's IP, Managed Lustre's mount point."""
+        self.counter += 1
+        address = f"10.90.{self.counter % 250}.2"
+        if service == "file":
+            return {"networks": [{"ipAddresses": [address], "network": "fake"}]}
+        return {"mountPoint": f"{address}@tcp:/lustrefs"}
 
     def _lro(self, base, response=None):
         """A finished google.longrunning operation holding the resource (or Empty, for a delete)."""

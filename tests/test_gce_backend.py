@@ -332,3 +332,55 @@ def test_a_cluster_created_with_the_old_short_names_keeps_them(fake, alpha, alic
     engine.run(operation.pk)
     assert f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{legacy}-a3ultra-1" in fake.resources
     assert not [path for path in fake.resources if names("alpha", "ultra").prefix in path]
+
+
+def test_vms_get_a_service_account_storage_addresses_the_gpu_image_and_gres(fake, alpha, alice, settings):
+    """What a VM needs to boot, asserted on the requests the fake Compute API received."""
+    settings.GCE_GPU_IMAGE = "projects/acme-images/global/images/family/gpu-driver-dcgm"
+    spec = gce_spec(nodes=2)
+    spec["runtime_spec"] = {"service_account": "trainer@tcc-test.iam.gserviceaccount.com"}
+    operation = create(alpha, alice, spec)
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    prefix = names("alpha", "ultra").prefix
+    template = fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-a3ultra"]
+    controller = fake.resources[f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-ctl"]
+    for resource in (template["properties"], controller):
+        assert resource["serviceAccounts"] == [
+            {"email": "trainer@tcc-test.iam.gserviceaccount.com", "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}
+        ]  # fmt: skip
+    assert template["properties"]["disks"][0]["initializeParams"]["sourceImage"] == settings.GCE_GPU_IMAGE
+    assert controller["disks"][0]["initializeParams"]["sourceImage"] == settings.GCE_IMAGE
+
+    filestore = next(r for k, r in fake.resources.items() if k.startswith("file:"))
+    lustre = next(r for k, r in fake.resources.items() if k.startswith("lustre:"))
+    items = template["properties"]["metadata"]["items"]
+    worker_script = next(i["value"] for i in items if i["key"] == "startup-script")
+    assert f"HOME_SHARE='{filestore['networks'][0]['ipAddresses'][0]}:/home'" in worker_script
+    assert f"LUSTRE='{lustre['mountPoint']}'" in worker_script
+    assert "GPUS='8'" in worker_script and "nvidia-smi" in worker_script
+    assert "|| true\n" not in worker_script.split("write_conf()")[0]  # no failed mount passes silently
+    assert "GPUS='0'" in metadata(fake, "ctl")["startup-script"]
+    gres = metadata(fake, "ctl")["slurm-gres-conf"]
+    assert "NodeName=a3ultra-0,a3ultra-1 Name=gpu File=/dev/nvidia[0-7]" in gres
+
+    Cluster.objects.all().delete()
+    del spec["runtime_spec"]
+    operation = create(alpha, alice, spec, name="plain")
+    engine.run(operation.pk)
+    prefix = names("alpha", "plain").prefix
+    template = fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-a3ultra"]
+    assert template["properties"]["serviceAccounts"][0]["email"] == "default"
+
+
+def test_a_service_account_that_is_not_an_email_is_refused(alice_api):
+    spec = gce_spec(nodes=2)
+    for bad in ("trainer", "trainer@gmail.com", 7, ["x"]):
+        spec["runtime_spec"] = {"service_account": bad}
+        response = alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "sa", "spec": spec}, format="json")
+        assert response.status_code == 400, bad
+        assert "runtime_spec.service_account" in response.json()["spec"], response.json()
+    spec["runtime_spec"] = {"service_acount": "x"}
+    response = alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "sa", "spec": spec}, format="json")
+    assert response.status_code == 400

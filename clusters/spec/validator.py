@@ -170,6 +170,7 @@ def validate_spec(data, *, backends):
 
     pools = validate_node_pools(errors, spec.get("node_pools"))
     validate_network(errors, spec.get("network"))
+    validate_runtime(errors, spec.get("runtime_spec"))
     validate_slurm(errors, spec.get("orchestrator_spec"), pools)
     validate_console_block(
         errors, spec.get("console"), spec, expect_object=expect_object, expect_list=expect_list, expect_int=expect_int
@@ -187,6 +188,25 @@ def validate_spec(data, *, backends):
     if errors:
         raise SpecError(errors.by_path)
     return spec
+
+
+# A user-managed service account (name@project.iam.gserviceaccount.com) or a project's Compute Engine
+# default one (number-compute@developer.gserviceaccount.com).
+SERVICE_ACCOUNT = re.compile(
+    r"([a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]\.iam|[0-9]{6,20}-compute@developer)"
+    r"\.gserviceaccount\.com\Z"
+)
+
+
+def validate_runtime(errors, value):
+    """runtime_spec: {service_account} the VMs run as (immutable, like every field but node counts)."""
+    runtime = expect_object(errors, value, "runtime_spec", {"service_account"})
+    account = expect_str(errors, runtime.get("service_account"), "runtime_spec.service_account")
+    if account is not None and not SERVICE_ACCOUNT.match(account):
+        errors.add(
+            "runtime_spec.service_account",
+            "must be a service account email, e.g. trainer@my-project.iam.gserviceaccount.com",
+        )
 
 
 def validate_node_pools(errors, value):

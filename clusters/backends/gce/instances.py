@@ -32,6 +32,22 @@ def create_placement(cloud, pool):
     )
 
 
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+
+
+def service_account(cloud):
+    """runtime_spec.service_account, else GCE_SERVICE_ACCOUNT ("default": the project's Compute Engine
+    default service account)."""
+    return (cloud.spec.get("runtime_spec") or {}).get("service_account") or settings.GCE_SERVICE_ACCOUNT
+
+
+def image_for(pool, role):
+    """GPU compute pools boot GCE_GPU_IMAGE (an image with the NVIDIA driver and DCGM), the rest GCE_IMAGE."""
+    if role == "compute" and is_gpu_pool(pool):
+        return settings.GCE_GPU_IMAGE or settings.GCE_IMAGE
+    return settings.GCE_IMAGE
+
+
 def instance_properties(cloud, pool, role):
     from google.cloud import compute_v1
 
@@ -54,7 +70,7 @@ def instance_properties(cloud, pool, role):
                 boot=True,
                 auto_delete=True,
                 initialize_params=compute_v1.AttachedDiskInitializeParams(
-                    source_image=settings.GCE_IMAGE,
+                    source_image=image_for(pool, role),
                     disk_size_gb=int(disk.get("boot_disk_size_gb", 100)),
                     disk_type=disk.get("boot_disk_type", "pd-balanced"),
                 ),
@@ -69,6 +85,9 @@ def instance_properties(cloud, pool, role):
             )
         ],
         scheduling=scheduling,
+        # The munge key read at boot and gcsfuse need Google APIs: the spec's service account (or the
+        # project's default one), with the cloud-platform scope; IAM then decides what it may do.
+        service_accounts=[compute_v1.ServiceAccount(email=service_account(cloud), scopes=[CLOUD_PLATFORM])],
         metadata=compute_v1.Metadata(
             items=[
                 compute_v1.Items(key="startup-script", value=slurm_conf.startup_script(cloud, pool, role)),
@@ -126,6 +145,7 @@ def create_head_nodes(cloud):
             disks=properties.disks,
             network_interfaces=properties.network_interfaces,
             scheduling=properties.scheduling,
+            service_accounts=properties.service_accounts,
             metadata=compute_v1.Metadata(items=[*properties.metadata.items, *slurm_conf.slurm_items(cloud)]),
             description=cloud.description,
         )

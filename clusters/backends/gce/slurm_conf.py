@@ -22,6 +22,7 @@ def slurm_items(cloud):
     slurm = cloud.spec["orchestrator_spec"]["slurm_spec"]
     return [
         compute_v1.Items(key="slurm-conf", value=render(cloud)),
+        compute_v1.Items(key="slurm-gres-conf", value=render_gres(cloud)),
         compute_v1.Items(key="slurm-prolog", value="\n\n".join(slurm.get("prolog_bash_scripts", []))),
         compute_v1.Items(key="slurm-epilog", value="\n\n".join(slurm.get("epilog_bash_scripts", []))),
     ]
@@ -200,6 +201,23 @@ def render(cloud):
 STARTUP = Path(__file__).resolve().parent / "startup.sh"
 
 
+def render_gres(cloud):
+    """gres.conf for the GPU nodes (configless slurmds get it from the controller with slurm.conf):
+    one line per GPU pool naming its nodes' /dev/nvidia devices, so `sinfo` shows gpu:8."""
+    wanted = {}
+    for node in cloud.cluster.wanted_nodes().select_related("node_pool"):
+        if node.node_pool.role == NodeRole.COMPUTE:
+            wanted.setdefault(node.node_pool.pool_id, []).append(node.name)
+    lines = ["# Written by the console's gce backend."]
+    for pool in cloud.compute_pools:
+        gpus = int(pool["machine_spec"].get("accelerator_count") or 0)
+        nodes = sorted(wanted.get(pool["id"], []), key=lambda n: int(n.rsplit("-", 1)[1]))
+        if gpus and nodes:
+            devices = "/dev/nvidia0" if gpus == 1 else f"/dev/nvidia[0-{gpus - 1}]"
+            lines.append(f"NodeName={','.join(nodes)} Name=gpu File={devices}")
+    return "\n".join(lines) + "\n"
+
+
 def startup_script(cloud, pool, role):
     """The node's startup script: install Slurm, join the controller, mount /home, Lustre and buckets."""
     storage = cloud.storage
@@ -207,16 +225,30 @@ def startup_script(cloud, pool, role):
         f"{b['bucket']} {b['mount_point']} {','.join(b.get('mount_options', []))}"
         for b in storage.get("gcs_buckets", [])
     ]
+    state = cloud.cluster.backend_state or {}
+    gpus = int(pool["machine_spec"].get("accelerator_count") or 0) if role == "compute" else 0
     values = {
         "ROLE": role,
         "CLUSTER": cloud.n.prefix,
         "CONTROLLER": cloud.n.controller,
-        "HOME_SHARE": f"{cloud.n.filestore}:/home" if storage.get("filestore_home") else "",
-        "LUSTRE": cloud.n.lustre if storage.get("lustre") else "",
+        # Filled in by the storage steps, which run before any instance is defined.
+        "HOME_SHARE": state.get("home_share", "") if storage.get("filestore_home") else "",
+        "LUSTRE": state.get("lustre_mount_point", "") if storage.get("lustre") else "",
         "LUSTRE_MOUNT": (storage.get("lustre") or {}).get("mount_point", "/lustre"),
         "GCS_MOUNTS": ";".join(mounts),
+        "GPUS": str(gpus),
         "USER_SCRIPT": pool.get("startup_script", ""),
     }
+    unknown = [
+        what
+        for what, block, value in (
+            ("the Filestore address", "filestore_home", values["HOME_SHARE"]),
+            ("the Lustre mount point", "lustre", values["LUSTRE"]),
+        )
+        if storage.get(block) and not value
+    ]
+    if unknown:
+        raise TransientBackendError(f"{' and '.join(unknown)} is not known yet (the storage steps read it)")
     text = STARTUP.read_text()
     for key, value in values.items():
         text = text.replace(f"@{key}@", value.replace("'", "'\\''"))

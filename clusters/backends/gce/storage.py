@@ -1,5 +1,10 @@
-"""A gce cluster's storage: the Filestore /home and the Managed Lustre file system; and their removal."""
+"""A gce cluster's storage: the Filestore /home and the Managed Lustre file system; and their removal.
 
+Nodes mount them by the addresses the services give, never by instance name: Filestore by its IP and
+share (`10.0.0.2:/home`), Managed Lustre by its mount point (`10.0.0.3@tcp:/lustrefs`). Both are
+read after the create and kept in backend_state for the startup script."""
+
+from ...work import TransientBackendError
 from .errors import map_api_error
 
 
@@ -27,6 +32,11 @@ def create_filestore(cloud):
             ),
         ),
     )
+    found = cloud.c.filestore.get_instance(name=name)
+    addresses = [ip for network in found.networks for ip in network.ip_addresses]
+    if not addresses or not found.file_shares:
+        raise TransientBackendError(f"Filestore {cloud.n.filestore} has no IP address or share yet")
+    cloud.backend.save_state(cloud.cluster, home_share=f"{addresses[0]}:/{found.file_shares[0].name}")
 
 
 def create_lustre(cloud):
@@ -50,6 +60,10 @@ def create_lustre(cloud):
             ),
         ),
     )
+    found = cloud.c.lustre.get_instance(name=name)
+    if not found.mount_point:
+        raise TransientBackendError(f"Managed Lustre {cloud.n.lustre} has no mount point yet")
+    cloud.backend.save_state(cloud.cluster, lustre_mount_point=found.mount_point)
 
 
 def delete_storage(cloud):
