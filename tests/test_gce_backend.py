@@ -66,7 +66,8 @@ def test_it_creates_workers_with_one_bulk_insert_per_pool(fake, alpha, alice):
 def test_a_rerun_after_a_crash_creates_only_what_is_missing(fake, alpha, alice):
     operation = create(alpha, alice, gce_spec(nodes=4))
     steps = get_backend("gce").apply_steps(operation.cluster)
-    for step in steps[:5]:  # the worker dies after the storage steps
+    storage = next(i for i, step in enumerate(steps) if step.name.startswith("Create Filestore"))
+    for step in steps[: storage + 1]:  # the worker dies after the network and storage steps
         step.run(None)
     fake.reset_calls()
     engine.run(operation.pk)
@@ -384,3 +385,43 @@ def test_a_service_account_that_is_not_an_email_is_refused(alice_api):
     spec["runtime_spec"] = {"service_acount": "x"}
     response = alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "sa", "spec": spec}, format="json")
     assert response.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("architecture", "machine", "nics", "types", "extra_networks"),
+    [
+        ("a3-ultra", "a3ultra", 10, ["GVNIC"] * 2 + ["MRDMA"] * 8, ["net2", "rdma"]),
+        ("a3-mega", "a3mega", 9, ["GVNIC"] * 9, [f"gpu{i}" for i in range(8)]),
+    ],
+)
+def test_each_reference_architecture_gets_its_gpu_fabric(fake, alpha, alice, architecture, machine, nics, types,
+                                                         extra_networks):  # fmt: skip
+    spec = build_spec(architecture, display_name="fab", zone="us-central1-b", nodes=2, backend="gce")
+    operation = create(alpha, alice, spec, name="fab")
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    prefix = names("alpha", "fab").prefix
+    pool = spec["node_pools"][1]["id"]
+    template = fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-{pool}"]
+    interfaces = template["properties"]["networkInterfaces"]
+    assert len(interfaces) == nics
+    assert [nic.get("nicType") for nic in interfaces] == types
+    assert interfaces[0]["subnetwork"].endswith(f"/subnetworks/{prefix}-subnet")
+    networks = {k.rsplit("/", 1)[-1]: r for k, r in fake.resources.items() if "/global/networks/" in k}
+    for name in extra_networks:
+        assert f"{prefix}-{name}" in networks
+    if architecture == "a3-ultra":
+        rdma = networks[f"{prefix}-rdma"]
+        assert rdma["networkProfile"].endswith("/networkProfiles/us-central1-b-vpc-roce")
+        subnets = [k for k in fake.resources if f"/subnetworks/{prefix}-rdma-sub" in k]
+        assert len(subnets) == 8
+    else:
+        assert all(networks[f"{prefix}-gpu{i}"]["mtu"] == 8244 for i in range(8))
+    controller = fake.resources[f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-ctl"]
+    assert len(controller["networkInterfaces"]) == 1  # the fabric is the GPU nodes'
+    firewalls = [k for k in fake.resources if "/global/firewalls/" in k and k.endswith("-internal")]
+    assert len(firewalls) == 1 + len(extra_networks)
+
+    engine.run(services.delete_cluster(cluster=Cluster.objects.get(), user=alice).pk)
+    assert not [k for k in fake.resources if "/global/networks/" in k or "/subnetworks/" in k]

@@ -26,7 +26,7 @@ from ...slurm.states import NodeStatus
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from ..base import Backend, NodeShape, Step
-from . import instances, network, slurm_conf, storage
+from . import fabric, instances, network, slurm_conf, storage
 from .clients import Clients
 from .cloud import Cloud
 from .names import is_gpu_pool, names
@@ -143,6 +143,8 @@ class GceBackend(Backend):
                 Step(f"Create VPC network {cloud.n.network}", lambda ctx: network.create_network(cloud)),
                 Step(f"Create subnetwork {cloud.n.subnetwork}", lambda ctx: network.create_subnetwork(cloud)),
             ]
+            if fabric.cluster_nets(cloud):
+                steps.append(Step("Create the GPU fabric networks", lambda ctx: fabric.create_fabric(cloud)))
         steps.append(Step("Create firewall rules", lambda ctx: network.create_firewalls(cloud)))
         if net.get("private_services_range") and (store.get("filestore_home") or store.get("lustre")):
             steps.append(
@@ -188,6 +190,7 @@ class GceBackend(Backend):
             Step("Delete Managed Lustre and Filestore", lambda ctx: storage.delete_storage(cloud)),
             Step("Delete firewall rules", lambda ctx: network.delete_firewalls(cloud)),
             Step("Delete private services access", lambda ctx: network.delete_private_services_access(cloud)),
+            Step("Delete the GPU fabric networks", lambda ctx: fabric.delete_fabric(cloud)),
             Step("Delete subnetwork and network", lambda ctx: network.delete_network(cloud)),
             Step("Delete the munge key secret", lambda ctx: slurm_conf.delete_munge_secret(cloud)),
         ]

@@ -8,7 +8,7 @@ from django.conf import settings
 from ...choices import NodeRole, NodeState
 from ...spec import pool_node_count
 from ...work import PermanentBackendError, TransientBackendError, heartbeat
-from . import slurm_conf
+from . import fabric, slurm_conf
 from .errors import map_api_error
 from .names import OWNER_LABEL, is_gpu_pool
 
@@ -82,7 +82,9 @@ def instance_properties(cloud, pool, role):
                 subnetwork=cloud.subnetwork_url,
                 nic_type="GVNIC",
                 access_configs=[compute_v1.AccessConfig(name="External NAT")] if pool.get("enable_public_ips") else [],
-            )
+            ),
+            # The GPU fabric of the machine type (GPUDirect-TCPXO NICs, or a gVNIC + 8 RDMA NICs).
+            *(fabric.extra_interfaces(cloud, pool) if role == "compute" else []),
         ],
         scheduling=scheduling,
         # The munge key read at boot and gcsfuse need Google APIs: the spec's service account (or the

@@ -1,0 +1,146 @@
+"""The GPU fabric of each reference architecture: the extra VPCs and NICs its machine type needs.
+
+    a3-megagpu-8g             1 system gVNIC + 8 GPU NICs (GPUDirect-TCPXO), one VPC each: 9 NICs
+    a3-ultragpu-8g, a4-...    2 gVNIC VPCs + 1 RDMA (RoCE) VPC with 8 subnets, 8 MRDMA NICs: 10 NICs
+
+Source: Cluster Toolkit's examples/machine-learning/a3-megagpu-8g, a3-ultragpu-8g and a4-highgpu-8g
+(clusters/data/reference_architectures.json). The console builds these only on the VPCs it creates
+(`console.network.create`); on an existing VPC a node gets the one NIC of that VPC.
+"""
+
+from dataclasses import dataclass, field
+
+TCPXO_MTU = 8244
+RDMA_MTU = 8896
+LAYOUTS = {"a3-megagpu-8g": "tcpxo", "a3-ultragpu-8g": "rdma", "a4-highgpu-8g": "rdma"}
+
+
+@dataclass
+class Net:
+    name: str
+    mtu: int
+    subnets: list  # [(name, CIDR)]
+    nic_type: str = "GVNIC"
+    profile: str = ""  # a network profile (RDMA VPCs are created from the zone's vpc-roce profile)
+    internal_firewall: str = field(default="")
+
+
+def layout_of(pool):
+    return LAYOUTS.get(pool["machine_spec"]["machine_type"], "")
+
+
+def nets(cloud, layout):
+    """The extra VPCs of `layout` for this cluster, in NIC order after nic0 (the cluster's own VPC)."""
+    prefix = cloud.n.prefix
+    if layout == "tcpxo":
+        found = [
+            Net(f"{prefix}-gpu{i}", TCPXO_MTU, [(f"{prefix}-gpu{i}-sub", f"172.{16 + i}.0.0/16")]) for i in range(8)
+        ]
+    elif layout == "rdma":
+        profile = f"projects/{cloud.project}/global/networkProfiles/{cloud.zone}-vpc-roce"
+        found = [
+            Net(f"{prefix}-net2", RDMA_MTU, [(f"{prefix}-net2-sub", "172.24.0.0/16")]),
+            Net(
+                f"{prefix}-rdma",
+                RDMA_MTU,
+                [(f"{prefix}-rdma-sub{i}", f"172.25.{16 * i}.0/20") for i in range(8)],
+                nic_type="MRDMA",
+                profile=profile,
+            ),
+        ]
+    else:
+        return []
+    for net in found:
+        net.internal_firewall = f"{net.name}-internal"
+    return found
+
+
+def cluster_nets(cloud):
+    """Every extra VPC the cluster's compute pools need (each layout once); none on an existing VPC."""
+    if not cloud.network_block.get("create"):
+        return []
+    layouts = sorted({layout_of(pool) for pool in cloud.compute_pools} - {""})
+    return [net for layout in layouts for net in nets(cloud, layout)]
+
+
+def extra_interfaces(cloud, pool):
+    """NICs 1..n of a compute node of `pool` (nic0 is the cluster's VPC)."""
+    from google.cloud import compute_v1
+
+    if not cloud.network_block.get("create"):
+        return []
+    found = []
+    for net in nets(cloud, layout_of(pool)):
+        for subnet, _cidr in net.subnets:
+            found.append(
+                compute_v1.NetworkInterface(
+                    network=f"projects/{cloud.project}/global/networks/{net.name}",
+                    subnetwork=f"projects/{cloud.project}/regions/{cloud.region}/subnetworks/{subnet}",
+                    nic_type=net.nic_type,
+                )
+            )
+    return found
+
+
+def create_fabric(cloud):
+    """The extra VPCs, their subnets and a firewall rule admitting the cluster's own VMs on each."""
+    from google.cloud import compute_v1
+
+    for net in cluster_nets(cloud):
+        network = compute_v1.Network(
+            name=net.name, auto_create_subnetworks=False, mtu=net.mtu, description=cloud.description
+        )
+        if net.profile:
+            network.network_profile = net.profile
+        cloud.ensure(
+            f"network {net.name}",
+            lambda n=net: cloud.c.networks.get(project=cloud.project, network=n.name),
+            lambda r=network: cloud.c.networks.insert_unary(project=cloud.project, network_resource=r),
+        )
+        url = f"projects/{cloud.project}/global/networks/{net.name}"
+        for subnet, cidr in net.subnets:
+            resource = compute_v1.Subnetwork(
+                name=subnet, network=url, ip_cidr_range=cidr, description=cloud.description
+            )
+            cloud.ensure(
+                f"subnetwork {subnet}",
+                lambda s=subnet: cloud.c.subnetworks.get(project=cloud.project, region=cloud.region, subnetwork=s),
+                lambda r=resource: cloud.c.subnetworks.insert_unary(
+                    project=cloud.project, region=cloud.region, subnetwork_resource=r
+                ),
+            )
+        rule = compute_v1.Firewall(
+            name=net.internal_firewall,
+            network=url,
+            source_tags=[cloud.n.cluster_tag],
+            target_tags=[cloud.n.cluster_tag],
+            allowed=[compute_v1.Allowed(I_p_protocol="all")],
+            description=cloud.description,
+        )
+        cloud.ensure(
+            f"firewall rule {rule.name}",
+            lambda r=rule: cloud.c.firewalls.get(project=cloud.project, firewall=r.name),
+            lambda r=rule: cloud.c.firewalls.insert_unary(project=cloud.project, firewall_resource=r),
+        )
+
+
+def delete_fabric(cloud):
+    for net in reversed(cluster_nets(cloud)):
+        cloud.remove(
+            f"firewall rule {net.internal_firewall}",
+            lambda n=net: cloud.c.firewalls.get(project=cloud.project, firewall=n.internal_firewall),
+            lambda n=net: cloud.c.firewalls.delete_unary(project=cloud.project, firewall=n.internal_firewall),
+        )
+        for subnet, _cidr in net.subnets:
+            cloud.remove(
+                f"subnetwork {subnet}",
+                lambda s=subnet: cloud.c.subnetworks.get(project=cloud.project, region=cloud.region, subnetwork=s),
+                lambda s=subnet: cloud.c.subnetworks.delete_unary(
+                    project=cloud.project, region=cloud.region, subnetwork=s
+                ),
+            )
+        cloud.remove(
+            f"network {net.name}",
+            lambda n=net: cloud.c.networks.get(project=cloud.project, network=n.name),
+            lambda n=net: cloud.c.networks.delete_unary(project=cloud.project, network=n.name),
+        )
