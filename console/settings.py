@@ -289,6 +289,8 @@ GCE_GPU_IMAGE = env("GCE_GPU_IMAGE")
 # VMs run as runtime_spec.service_account when the spec names one, else as this ("default": the
 # project's Compute Engine default service account), with the cloud-platform scope.
 GCE_SERVICE_ACCOUNT = env("GCE_SERVICE_ACCOUNT", "default")
+# Flex-start VMs get this max run duration (Compute Engine allows up to 7 days for them).
+GCE_FLEX_START_MAX_RUN_HOURS = envfloat("GCE_FLEX_START_MAX_RUN_HOURS", 168)
 GCE_CONTROLLER_MACHINE_TYPE = env("GCE_CONTROLLER_MACHINE_TYPE", "n2-standard-8")
 # Who may reach a login node's SSH port: Identity-Aware Proxy's TCP forwarding range by default
 # (https://cloud.google.com/iap/docs/using-tcp-forwarding), not the whole internet.

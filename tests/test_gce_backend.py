@@ -425,3 +425,43 @@ def test_each_reference_architecture_gets_its_gpu_fabric(fake, alpha, alice, arc
 
     engine.run(services.delete_cluster(cluster=Cluster.objects.get(), user=alice).pk)
     assert not [k for k in fake.resources if "/global/networks/" in k or "/subnetworks/" in k]
+
+
+def test_a_spot_vm_the_cloud_takes_back_is_detected_and_made_again(fake, alpha, alice, settings):
+    from clusters.health import repair
+
+    settings.AUTO_REPAIR = True
+    spec = gce_spec(nodes=2)
+    spec["node_pools"][1]["provisioning_model"] = "SPOT"
+    engine.run(create(alpha, alice, spec).pk)
+    cluster = Cluster.objects.get()
+    prefix = names("alpha", "ultra").prefix
+    path = f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-a3ultra-1"
+    template = fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-a3ultra"]
+    assert template["properties"]["scheduling"]["instanceTerminationAction"] == "DELETE"
+    del fake.resources[path]  # preempted: Compute deletes a Spot VM whose termination action is DELETE
+    status = next(s for s in get_backend("gce").node_statuses(cluster) if s.name == "a3ultra-1")
+    assert (status.state, status.reason) == ("down", "Compute Engine: the Spot VM was taken back")
+    fix = repair.watch(cluster)
+    assert (fix.params["node"], fix.params["action"]) == ("a3ultra-1", "reboot")
+    fake.reset_calls()
+    engine.run(fix.pk)
+    fix.refresh_from_db()
+    assert fix.status == OperationStatus.SUCCEEDED, fix.error
+    assert path in fake.resources and fake.calls["POST bulkInsert"] == 1  # made again from the template
+
+
+def test_flex_start_vms_get_a_max_run_duration(fake, alpha, alice, settings):
+    settings.GCE_FLEX_START_MAX_RUN_HOURS = 24
+    spec = gce_spec(nodes=2)
+    spec["node_pools"][1]["provisioning_model"] = "FLEX_START"
+    spec["node_pools"][1]["machine_spec"].pop("reservation_affinity", None)
+    operation = create(alpha, alice, spec)
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    prefix = names("alpha", "ultra").prefix
+    template = fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-a3ultra"]
+    scheduling = template["properties"]["scheduling"]
+    assert scheduling["provisioningModel"] == "FLEX_START"
+    assert scheduling["maxRunDuration"]["seconds"] in (86400, "86400")

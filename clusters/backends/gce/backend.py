@@ -199,10 +199,11 @@ class GceBackend(Backend):
     STOPPED = {"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"}
 
     def node_statuses(self, cluster):
-        """Compute nodes' instance states (lower case), until the console reaches the cluster's slurmrestd;
-        a stopped or terminated instance (host error, preemption) reads as down."""
+        """Compute nodes' instance states (lower case), until the console talks to the cluster's slurmrestd;
+        a stopped or terminated instance (host error, preemption) reads as down, and so does a wanted
+        node whose instance is gone (a Spot or Flex-start VM the cloud took back is deleted)."""
         cloud = Cloud(self, cluster)
-        return [
+        found = [
             NodeStatus(
                 name=instance.name.removeprefix(f"{cloud.n.prefix}-"),
                 state="down" if instance.status in self.STOPPED else instance.status.lower(),
@@ -212,6 +213,14 @@ class GceBackend(Backend):
             for instance in instances.list_instances(cloud)
             if instance.labels.get("tcc-role") == "compute"
         ]
+        seen = {status.name for status in found}
+        for node in cluster.compute_nodes().filter(state=NodeState.READY).select_related("node_pool"):
+            if node.name not in seen:
+                model = node.node_pool.provisioning_model
+                taken = model in ("SPOT", "FLEX_START")
+                why = f"the {model.replace('_', '-').title()} VM was taken back" if taken else "instance missing"
+                found.append(NodeStatus(name=node.name, state="down", reason=f"Compute Engine: {why}"))
+        return found
 
     def jobs(self, cluster):
         return []

@@ -61,6 +61,9 @@ def instance_properties(cloud, pool, role):
     )
     if model in ("SPOT", "FLEX_START"):
         scheduling.instance_termination_action = "DELETE"
+    if model == "FLEX_START":
+        # Flex-start VMs run for a bounded time; the cloud deletes them after it (then they are recreated).
+        scheduling.max_run_duration = compute_v1.Duration(seconds=int(settings.GCE_FLEX_START_MAX_RUN_HOURS * 3600))
     properties = compute_v1.InstanceProperties(
         machine_type=machine["machine_type"],
         labels={**cloud.labels, "tcc-pool": pool["id"], "tcc-role": role},
@@ -161,11 +164,15 @@ def create_head_nodes(cloud):
 
 
 def reset_instance(cloud, node):
-    """Reset a running instance; start one that has stopped (a reset needs a running machine)."""
+    """Reset a running instance; start one that has stopped (a reset needs a running machine); make
+    one the cloud deleted (a Spot or Flex-start VM taken back) again from its pool's template."""
     from google.api_core import exceptions
 
     name = cloud.n.instance(node)
     instance = cloud.get(lambda: cloud.c.instances.get(project=cloud.project, zone=cloud.zone, instance=name))
+    if instance is None:
+        recreate_instance(cloud, node)
+        return
     stopped = instance is not None and instance.status != "RUNNING"
     action = cloud.c.instances.start_unary if stopped else cloud.c.instances.reset_unary
     try:
