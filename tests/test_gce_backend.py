@@ -44,6 +44,19 @@ def create(alpha, alice, spec, name="ultra"):
     return services.create_cluster(project=alpha, name=name, spec=spec, user=alice)
 
 
+def built(alpha, alice, spec, name="ultra"):
+    """Create the cluster and run its operation to success; returns the cluster's name prefix."""
+    operation = create(alpha, alice, spec, name=name)
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    return names("alpha", name).prefix
+
+
+def template_of(fake, prefix, pool="a3ultra"):
+    return fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-{pool}"]
+
+
 def test_it_creates_workers_with_one_bulk_insert_per_pool(fake, alpha, alice):
     operation = create(alpha, alice, gce_spec(nodes=64, pools=2))
     engine.run(operation.pk)
@@ -340,12 +353,8 @@ def test_vms_get_a_service_account_storage_addresses_the_gpu_image_and_gres(fake
     settings.GCE_GPU_IMAGE = "projects/acme-images/global/images/family/gpu-driver-dcgm"
     spec = gce_spec(nodes=2)
     spec["runtime_spec"] = {"service_account": "trainer@tcc-test.iam.gserviceaccount.com"}
-    operation = create(alpha, alice, spec)
-    engine.run(operation.pk)
-    operation.refresh_from_db()
-    assert operation.status == OperationStatus.SUCCEEDED, operation.error
-    prefix = names("alpha", "ultra").prefix
-    template = fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-a3ultra"]
+    prefix = built(alpha, alice, spec)
+    template = template_of(fake, prefix)
     controller = fake.resources[f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-ctl"]
     for resource in (template["properties"], controller):
         assert resource["serviceAccounts"] == [
@@ -368,10 +377,7 @@ def test_vms_get_a_service_account_storage_addresses_the_gpu_image_and_gres(fake
 
     Cluster.objects.all().delete()
     del spec["runtime_spec"]
-    operation = create(alpha, alice, spec, name="plain")
-    engine.run(operation.pk)
-    prefix = names("alpha", "plain").prefix
-    template = fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-a3ultra"]
+    template = template_of(fake, built(alpha, alice, spec, name="plain"))
     assert template["properties"]["serviceAccounts"][0]["email"] == "default"
 
 
@@ -397,13 +403,8 @@ def test_a_service_account_that_is_not_an_email_is_refused(alice_api):
 def test_each_reference_architecture_gets_its_gpu_fabric(fake, alpha, alice, architecture, machine, nics, types,
                                                          extra_networks):  # fmt: skip
     spec = build_spec(architecture, display_name="fab", zone="us-central1-b", nodes=2, backend="gce")
-    operation = create(alpha, alice, spec, name="fab")
-    engine.run(operation.pk)
-    operation.refresh_from_db()
-    assert operation.status == OperationStatus.SUCCEEDED, operation.error
-    prefix = names("alpha", "fab").prefix
-    pool = spec["node_pools"][1]["id"]
-    template = fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-{pool}"]
+    prefix = built(alpha, alice, spec, name="fab")
+    template = template_of(fake, prefix, spec["node_pools"][1]["id"])
     interfaces = template["properties"]["networkInterfaces"]
     assert len(interfaces) == nics
     assert [nic.get("nicType") for nic in interfaces] == types
@@ -433,11 +434,10 @@ def test_a_spot_vm_the_cloud_takes_back_is_detected_and_made_again(fake, alpha, 
     settings.AUTO_REPAIR = True
     spec = gce_spec(nodes=2)
     spec["node_pools"][1]["provisioning_model"] = "SPOT"
-    engine.run(create(alpha, alice, spec).pk)
+    prefix = built(alpha, alice, spec)
     cluster = Cluster.objects.get()
-    prefix = names("alpha", "ultra").prefix
     path = f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-a3ultra-1"
-    template = fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-a3ultra"]
+    template = template_of(fake, prefix)
     assert template["properties"]["scheduling"]["instanceTerminationAction"] == "DELETE"
     del fake.resources[path]  # preempted: Compute deletes a Spot VM whose termination action is DELETE
     status = next(s for s in get_backend("gce").node_statuses(cluster) if s.name == "a3ultra-1")
@@ -456,12 +456,8 @@ def test_flex_start_vms_get_a_max_run_duration(fake, alpha, alice, settings):
     spec = gce_spec(nodes=2)
     spec["node_pools"][1]["provisioning_model"] = "FLEX_START"
     spec["node_pools"][1]["machine_spec"].pop("reservation_affinity", None)
-    operation = create(alpha, alice, spec)
-    engine.run(operation.pk)
-    operation.refresh_from_db()
-    assert operation.status == OperationStatus.SUCCEEDED, operation.error
-    prefix = names("alpha", "ultra").prefix
-    template = fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-a3ultra"]
+    prefix = built(alpha, alice, spec)
+    template = template_of(fake, prefix)
     scheduling = template["properties"]["scheduling"]
     assert scheduling["provisioningModel"] == "FLEX_START"
     assert scheduling["maxRunDuration"]["seconds"] in (86400, "86400")
