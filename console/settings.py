@@ -282,6 +282,8 @@ GCE_ANONYMOUS = envbool("GCE_ANONYMOUS")
 GCE_CREDENTIALS_DIR = env("GCE_CREDENTIALS_DIR")
 GCE_OPERATION_TIMEOUT = envfloat("GCE_OPERATION_TIMEOUT", 1800)
 GCE_POLL_INTERVAL = envfloat("GCE_POLL_INTERVAL", 2)
+# How long the controller's and login nodes' startup scripts may take (package installs, mounts).
+GCE_STARTUP_TIMEOUT = envfloat("GCE_STARTUP_TIMEOUT", 1800)
 GCE_IMAGE = env("GCE_IMAGE", "projects/debian-cloud/global/images/family/debian-12")
 # GPU compute pools boot this image (NVIDIA driver and DCGM installed; the startup script fails on a
 # GPU node without nvidia-smi, and the failing line shows on the cluster's timeline); empty: GCE_IMAGE.

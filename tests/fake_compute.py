@@ -33,6 +33,7 @@ LOCATIONS = re.compile(
 SECRETS = re.compile(
     r"^/sm/v1/projects/(?P<project>[^/]+)/secrets(?:/(?P<secret>[^/:]+))?(?:/versions(?:/(?P<version>[^/:]+))?)?(?::(?P<verb>\w+))?$"
 )
+SERIAL_DONE = "google_metadata_script_runner[812]: startup-script: tcc-startup: done\n"
 INSTANCE_TYPES = {"file": "google.cloud.filestore.v1.Instance", "lustre": "google.cloud.lustre.v1.Instance"}
 FILTER = re.compile(r'labels\.(?P<key>[\w-]+)\s*=\s*"?(?P<value>[^"\s)]+)"?')
 
@@ -210,6 +211,13 @@ class FakeGoogleCloud:
             self.resources[key][f"{rest[2]}s"] = self.resources[key].get(f"{rest[2]}s", 0) + 1
             self.resources[key]["status"] = "RUNNING"
             return 200, self._operation(scope_url, self.endpoint + key, rest[2], error)
+        if collection == "instances" and len(rest) == 3 and rest[2] == "serialPort" and method == "GET":
+            key = f"{collection_path}/{rest[1]}"
+            if key not in self.resources:
+                return 404, http_error(404, f"The resource '{key}' was not found", "notFound")
+            # What the guest printed; by default, a startup script that ran to its end.
+            contents = self.resources[key].get("serialOutput", SERIAL_DONE)
+            return 200, {"contents": contents, "start": "0", "next": str(len(contents))}
         if collection == "instances" and len(rest) == 3 and rest[2] == "setMetadata" and method == "POST":
             key = f"{collection_path}/{rest[1]}"
             if key not in self.resources:

@@ -461,3 +461,23 @@ def test_flex_start_vms_get_a_max_run_duration(fake, alpha, alice, settings):
     scheduling = template["properties"]["scheduling"]
     assert scheduling["provisioningModel"] == "FLEX_START"
     assert scheduling["maxRunDuration"]["seconds"] in (86400, "86400")
+
+
+def test_a_controller_whose_startup_fails_fails_the_create_with_its_failing_line(fake, alpha, alice, settings):
+    settings.GCE_STARTUP_TIMEOUT = 30
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    steps = get_backend("gce").apply_steps(operation.cluster)
+    for step in steps[:-1]:  # everything up to the wait for the startup scripts
+        step.run(None)
+    prefix = names("alpha", "ultra").prefix
+    controller = fake.resources[f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-ctl"]
+    controller["serialOutput"] = (
+        "google_metadata_script_runner[812]: startup-script: mount.nfs: Connection timed out\n"
+        "google_metadata_script_runner[812]: startup-script: tcc-startup: FAILED: mounting /home from 10.90.1.2:/home\n"
+    )
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.FAILED
+    assert "FAILED: mounting /home from 10.90.1.2:/home" in operation.error and f"{prefix}-ctl" in operation.error
+    timeline = " ".join(Cluster.objects.get().events.values_list("message", flat=True))
+    assert "FAILED: mounting /home from 10.90.1.2:/home (from its serial console)" in timeline

@@ -180,6 +180,9 @@ class GceBackend(Backend):
             Step("Update slurm.conf on the controller and login nodes", lambda ctx: slurm_conf.update_slurm_conf(cloud))
         )
         steps.append(Step("Wait for every instance to run", lambda ctx: instances.wait_running(cloud)))
+        steps.append(
+            Step("Wait for the controller and login nodes to start", lambda ctx: instances.wait_started(cloud))
+        )
         return steps
 
     def delete_steps(self, cluster):

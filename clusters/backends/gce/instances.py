@@ -310,6 +310,49 @@ def wait_running(cloud):
         time.sleep(settings.GCE_POLL_INTERVAL)
 
 
+STARTUP_MARK = "tcc-startup: "  # startup.sh's own lines on the serial console: "done", or "FAILED: <what>"
+
+
+def startup_outcome(cloud, name):
+    """The last tcc-startup line on the instance's serial console ("done", "FAILED: ..."), or ""."""
+    from google.api_core import exceptions
+    from google.cloud import compute_v1
+
+    request = compute_v1.GetSerialPortOutputInstanceRequest(
+        project=cloud.project, zone=cloud.zone, instance=name, port=1
+    )
+    try:
+        output = cloud.c.instances.get_serial_port_output(request=request)
+    except exceptions.NotFound:
+        return ""
+    except exceptions.GoogleAPICallError as exc:
+        raise map_api_error(exc, f"reading {name}'s serial console") from None
+    marks = [line.split(STARTUP_MARK, 1)[1].strip() for line in output.contents.splitlines() if STARTUP_MARK in line]
+    return marks[-1] if marks else ""
+
+
+def wait_started(cloud):
+    """Wait until the controller's and login nodes' startup scripts ran to the end (their last
+    serial-console line says so); the first one that failed ends the operation with its failing line.
+    Compute nodes are judged by Slurm instead: a node whose startup failed never registers."""
+    pending = set(slurm_conf.head_names(cloud))
+    deadline = time.monotonic() + settings.GCE_STARTUP_TIMEOUT
+    while pending:
+        for name in sorted(pending):
+            outcome = startup_outcome(cloud, name)
+            if outcome.startswith("FAILED"):
+                raise PermanentBackendError(f"{name}: startup script {outcome} (from its serial console)")
+            if outcome == "done":
+                pending.discard(name)
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TransientBackendError(f"startup not finished after {settings.GCE_STARTUP_TIMEOUT:.0f} s on "
+                                        f"{', '.join(sorted(pending))}")  # fmt: skip
+        heartbeat(f"waiting for the startup script on {', '.join(sorted(pending))}")
+        time.sleep(settings.GCE_POLL_INTERVAL)
+
+
 def delete_instances(cloud):
     delete_each(cloud, list_instances(cloud))
 

@@ -122,4 +122,5 @@ esac
 cat > /tmp/tcc-user-startup.sh <<'USER_SCRIPT'
 @USER_SCRIPT@
 USER_SCRIPT
-bash /tmp/tcc-user-startup.sh
+bash /tmp/tcc-user-startup.sh || fail "the node pool's own startup_script"
+echo "tcc-startup: done"  # the console waits for this line on the serial console
