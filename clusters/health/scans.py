@@ -67,7 +67,14 @@ def scannable(cluster):
 
 
 def scan_dir(ctx):
+    """The scan's folder as the cluster's nodes see it (for the job script)."""
     return Path(ctx.backend.shared_dir(ctx.cluster)) / "scans" / str(ctx.operation.uuid)
+
+
+def in_scan(ctx, name=""):
+    """A path in the scan's folder relative to the cluster's home, for the cluster agent: the console
+    writes the scan's files and reads its results only through the agent."""
+    return f"scans/{ctx.operation.uuid}" + (f"/{name}" if name else "")
 
 
 def targets(cluster, idle_only=False, held=()):
@@ -153,7 +160,7 @@ def write_job(ctx):
     """Pick the nodes (kept in the checkpoint, so a rerun scans the same ones) and write one job per partition."""
     cluster, checkpoint = ctx.cluster, ctx.checkpoint
     folder = scan_dir(ctx)
-    folder.mkdir(parents=True, exist_ok=True)
+    agent = ctx.backend.agent(cluster)
     if "nodes" not in checkpoint:
         held = checkpoint.get("held", [])
         nodes, skipped = settled_targets(cluster, idle_only=ctx.params.get("idle_only", False), held=held)
@@ -182,7 +189,7 @@ def write_job(ctx):
         "accelerator_type": pool.accelerator_type if pool else "",
         "reference_checksum": checksum(limits["size"], limits["rounds"], limits["seed"]),
     }
-    (folder / "context.json").write_text(json.dumps(context))
+    agent.write(in_scan(ctx, "context.json"), json.dumps(context).encode())  # makes the folder too
     hold = checkpoint.get("hold")
     for name, nodes in checkpoint["nodes"].items():
         script = "\n".join(
@@ -205,7 +212,7 @@ def write_job(ctx):
                 "",
             ]
         )
-        (folder / f"scan-{name}.sbatch").write_text(script)
+        agent.write(in_scan(ctx, f"scan-{name}.sbatch"), script.encode())
 
 
 def submit(ctx):
@@ -223,12 +230,13 @@ def expected_nodes(checkpoint):
 
 def wait(ctx, timeout=SCAN_TIMEOUT):
     cluster, backend = ctx.cluster, ctx.backend
-    folder = scan_dir(ctx)
+    agent = backend.agent(cluster)
     wanted = expected_nodes(ctx.checkpoint)
     jobs = ctx.checkpoint.get("jobs", {})
     deadline, settle_by = time.monotonic() + timeout, None
     while True:
-        done = [n for n in wanted if (folder / f"{n}.json").exists()]
+        written = set(agent.list(in_scan(ctx), "*.json"))
+        done = [n for n in wanted if f"{n}.json" in written]
         ctx.heartbeat(f"{len(done)}/{len(wanted)}")
         states = {name: backend.job_status(cluster, job_id) for name, job_id in jobs.items()}
         running = {name: s for name, s in states.items() if s is not None and s.is_active}
@@ -258,8 +266,8 @@ def wait(ctx, timeout=SCAN_TIMEOUT):
 def evaluate(ctx):
     """Record every node's results; a node well below the fleet's median speed is a straggler."""
     operation = ctx.operation
-    folder = scan_dir(ctx)
-    reports = {n: json.loads((folder / f"{n}.json").read_text())["results"] for n in expected_nodes(ctx.checkpoint)}
+    agent = ctx.backend.agent(ctx.cluster)
+    reports = {n: json.loads(agent.read(in_scan(ctx, f"{n}.json")))["results"] for n in expected_nodes(ctx.checkpoint)}
     speeds = {n: r["speed"]["values"]["gflops"] for n, r in reports.items() if "speed" in r and r["speed"]["values"]}
     if speeds:
         median = statistics.median(speeds.values())
