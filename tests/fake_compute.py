@@ -27,6 +27,8 @@ from urllib.parse import parse_qs, urlparse
 COMPUTE = re.compile(
     r"^/compute/v1/projects/(?P<project>[^/]+)/(?P<scope>global|regions/[^/]+|zones/[^/]+)/(?P<rest>.+)$"
 )
+REGION = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)$")
+SERVICES = re.compile(r"^/v1/projects/(?P<project>[^/]+)/services$")
 LOCATIONS = re.compile(
     r"^/(?P<service>file|lustre)/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/(?P<rest>.+)$"
 )
@@ -53,6 +55,12 @@ class FakeGoogleCloud:
         self.injections = []
         self.lock = threading.Lock()
         self.counter = 0
+        # Preflight's view: Service Usage's enabled APIs, and each region's quotas (metric, limit, usage).
+        self.enabled_services = {
+            "compute.googleapis.com", "secretmanager.googleapis.com", "file.googleapis.com",
+            "lustre.googleapis.com", "servicenetworking.googleapis.com",
+        }  # fmt: skip
+        self.region_quotas = {}
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -144,6 +152,13 @@ class FakeGoogleCloud:
         injection = self._injected(method, path)
         if injection and injection.http_status:
             return injection.http_status, http_error(injection.http_status, injection.message, injection.code)
+        region = REGION.match(path)
+        if region and method == "GET":
+            quotas = self.region_quotas.get(region["region"], [])
+            return 200, {"name": region["region"], "status": "UP", "quotas": quotas}
+        if SERVICES.match(path) and method == "GET":
+            names = sorted(self.enabled_services)
+            return 200, {"services": [{"name": f"projects/1234/services/{n}", "state": "ENABLED"} for n in names]}
         if path.startswith("/compute/v1/"):
             return self._compute(method, path, query, body, injection)
         if path.startswith("/sm/v1/"):

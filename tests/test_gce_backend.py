@@ -481,3 +481,65 @@ def test_a_controller_whose_startup_fails_fails_the_create_with_its_failing_line
     assert "FAILED: mounting /home from 10.90.1.2:/home" in operation.error and f"{prefix}-ctl" in operation.error
     timeline = " ".join(Cluster.objects.get().events.values_list("message", flat=True))
     assert "FAILED: mounting /home from 10.90.1.2:/home (from its serial console)" in timeline
+
+
+def quota(metric, limit, usage=0):
+    return {"metric": metric, "limit": limit, "usage": usage}
+
+
+def test_preflight_checks_apis_quotas_and_the_reservation(fake, alpha, alice, tmp_path):
+    """Dana's platform team runs `manage.py preflight` before the create: it names what is missing."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    spec = gce_spec(nodes=4)
+    pool = spec["node_pools"][1]
+    pool["machine_spec"]["reservation_affinity"] = {
+        "reservation_affinity_type": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": ["h200-block"],
+    }
+    fake.region_quotas["us-central1"] = [quota("CPUS", 100, 90), quota("NVIDIA_H200_GPUS", 64, 40),
+                                         quota("PREEMPTIBLE_NVIDIA_H200_GPUS", 512)]  # fmt: skip
+    fake.enabled_services.discard("lustre.googleapis.com")
+    fake.resources["/compute/v1/projects/tcc-test/zones/us-central1-b/reservations/h200-block"] = {
+        "name": "h200-block",
+        "specificReservation": {
+            "count": "4",
+            "inUseCount": "1",
+            "instanceProperties": {"machineType": "a3-ultragpu-8g"},
+        },
+    }
+    findings = {f.check: f for f in services.preflight(project=alpha, spec=spec)}
+    assert findings["API compute.googleapis.com"].status == "ok"
+    assert findings["API lustre.googleapis.com"].status == "fail"
+    assert "gcloud services enable lustre.googleapis.com" in findings["API lustre.googleapis.com"].detail
+    gpus = findings["NVIDIA_H200_GPUS in us-central1"]
+    assert gpus.status == "fail" and "needs 32, 24 free (limit 64, in use 40)" in gpus.detail  # 4 nodes x 8
+    cpus = findings["CPUS in us-central1"]
+    assert cpus.status == "fail" and "needs" in cpus.detail  # the login node and the controller: more than 10
+    assert findings["reservation h200-block"].status == "fail" and "3 of 4" in findings["reservation h200-block"].detail
+
+    fake.enabled_services.add("lustre.googleapis.com")
+    fake.region_quotas["us-central1"] = [quota("CPUS", 1000), quota("NVIDIA_H200_GPUS", 64)]
+    fake.resources["/compute/v1/projects/tcc-test/zones/us-central1-b/reservations/h200-block"][
+        "specificReservation"]["inUseCount"] = "0"  # fmt: skip
+    assert {f.status for f in services.preflight(project=alpha, spec=spec)} == {"ok"}
+    import io
+    import json
+
+    path = tmp_path / "ultra.json"
+    path.write_text(json.dumps(spec))
+    out = io.StringIO()
+    call_command("preflight", str(path), "--project", "alpha", stdout=out)
+    assert "OK    NVIDIA_H200_GPUS in us-central1: NVIDIA_H200_141GB: the spec needs 32, 64 free" in out.getvalue()
+    pool["scaling_spec"] = {"min_node_count": 8, "max_node_count": 8}
+    path.write_text(json.dumps(spec))
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="checks failed"):
+        call_command("preflight", str(path), "--project", "alpha", stdout=out)
+    assert "FAIL  reservation h200-block: 4 of 4" in out.getvalue()
+    del pool["machine_spec"]["reservation_affinity"]
+    spec["node_pools"][1]["machine_spec"]["machine_type"] = "a3-ultragpu-9g"
+    with pytest.raises(SpecError):
+        services.preflight(project=alpha, spec=spec)

@@ -35,6 +35,7 @@ __all__ = [
     "AgentEndpoint",
     "Backend",
     "BackendError",
+    "Finding",
     "JobStatus",
     "NodeShape",
     "NodeStatus",
@@ -43,6 +44,15 @@ __all__ = [
     "Step",
     "TransientBackendError",
 ]
+
+
+@dataclass
+class Finding:
+    """One preflight check: status "ok", "fail" or "warn", what was checked, and what was found."""
+
+    status: str
+    check: str
+    detail: str
 
 
 @dataclass
@@ -72,6 +82,11 @@ class Backend:
 
     def project_problems(self, project):
         """Why this backend cannot build clusters for `project` yet (missing settings); empty when it can."""
+        return []
+
+    def preflight(self, project, spec):
+        """Is the backend's side ready for this spec (APIs, quotas, reservations)? A list of findings
+        with .status ("ok", "fail", "warn"), .check and .detail; [] where there is nothing to check."""
         return []
 
     def plan(self, project, cluster_name, spec):

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from console.errors import AlreadyExists, Conflict, ConsoleError, QuotaExceeded
+from console.errors import AlreadyExists, Conflict, ConsoleError, QuotaExceeded, Unavailable
 
 from ..backends import all_backends, get_backend
 from ..choices import ClusterStatus, OperationKind, OperationStatus
@@ -19,6 +19,7 @@ from ..spec import SpecError, normalize, validate_spec
 from ..spec.plan import cost, quota
 from ..spec.validator import RESOURCE_ID
 from ..topology import build_topology, resize_pools
+from ..work import BackendError
 
 CLUSTER_ID_RULE = "must be 1-63 lowercase letters, digits or hyphens, starting with a letter"
 
@@ -87,6 +88,18 @@ def dry_run(*, project, name, spec, location=""):
         "estimated_cost_per_hour": round(total, 2),
         "cost": [{"item": line.item, "quantity": line.quantity, "per_hour": line.per_hour} for line in lines],
     }
+
+
+def preflight(*, project, spec):
+    """Is the backend's side ready for this spec (gce: APIs enabled, quotas, reservations)? The spec is
+    validated first (SpecError); returns the backend's findings (.status ok / fail / warn, .check, .detail)."""
+    spec = validate_spec(spec, backends=all_backends())
+    check_backend(project, spec)
+    backend = get_backend(backend_of(spec))
+    try:
+        return backend.preflight(project, spec)
+    except BackendError as exc:
+        raise (Unavailable if exc.retryable else Conflict)(str(exc)) from None
 
 
 def create_draft(*, project, name, spec, user=None):

@@ -64,6 +64,11 @@ class GceBackend(Backend):
             return [f"project '{project.slug}' has no Google Cloud project id; an administrator sets it in the admin"]
         return []
 
+    def preflight(self, project, spec):
+        from . import preflight
+
+        return preflight.run(self.clients_for(project), project.gcp_project_id, spec)
+
     def node_shape(self, cluster, pool):
         info = machine_type_info(pool.machine_type)
         gpus = pool.accelerator_count

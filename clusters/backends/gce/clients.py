@@ -50,6 +50,8 @@ class Clients:
             "templates": compute_v1.InstanceTemplatesClient,
             "policies": compute_v1.ResourcePoliciesClient,
             "instances": compute_v1.InstancesClient,
+            "regions": compute_v1.RegionsClient,
+            "reservations": compute_v1.ReservationsClient,
             "zone_operations": compute_v1.ZoneOperationsClient,
             "region_operations": compute_v1.RegionOperationsClient,
             "global_operations": compute_v1.GlobalOperationsClient,

@@ -17,8 +17,8 @@ from django.conf import settings
 from ...choices import NodeState
 from ...slurm.client import run_client
 from ...spec import pool_node_count
-from ..base import AgentEndpoint, Backend, SlurmEndpoint, Step
-from . import accounts, conf, daemons, ports, remediation
+from ..base import AgentEndpoint, Backend, Finding, SlurmEndpoint, Step
+from . import accounts, conf, daemons, ports, preflight, remediation
 from .paths import paths_for, prepare
 
 
@@ -112,6 +112,11 @@ class LocalBackend(Backend):
         paths = paths_for(cluster)
         steps = [Step(f"Stop {what}", lambda ctx, stop=stop: stop()) for what, stop in daemons.stop_all(paths)]
         return [*steps, Step("Remove the cluster directory", lambda ctx: shutil.rmtree(paths.root, ignore_errors=True))]
+
+    def preflight(self, project, spec):
+        """This machine has Slurm's programs and plugins and munge (local/preflight.py)."""
+        missing = preflight.problem()
+        return [Finding("fail" if missing else "ok", "Slurm on this machine", missing or "programs and plugins found")]
 
     def slurm_endpoint(self, cluster):
         """The cluster's slurmrestd on 127.0.0.1 and its JWT key (a 0600 file in the cluster's folder)."""

@@ -1,0 +1,151 @@
+"""Before a gce create: is the Google Cloud project ready for this spec? (`manage.py preflight`)
+
+Three checks, each a Finding(status, check, detail) with status "ok", "fail" or "warn":
+- the APIs the spec needs are enabled (Service Usage API, services in state ENABLED);
+- the region's quotas cover what the spec asks for: CPUS for general-purpose machines (the console's
+  controller included), and the GPU quota of each accelerator (the region's `..._GPUS` metric naming
+  the model, `PREEMPTIBLE_...` for Spot), with what is already in use;
+- each reservation a pool names exists in its zone and has room for the pool's nodes.
+"""
+
+from django.conf import settings
+
+from ...spec import pool_node_count
+from ...spec.catalog import machine_type_info
+from ..base import Finding
+
+FIXED_APIS = {"compute.googleapis.com": "Compute Engine", "secretmanager.googleapis.com": "Secret Manager (munge key)"}
+
+
+def run(clients, gcp_project, spec):
+    findings = check_apis(clients, gcp_project, spec)
+    findings += check_quotas(clients, gcp_project, spec)
+    findings += check_reservations(clients, gcp_project, spec)
+    return findings
+
+
+def needed_apis(spec):
+    storage = (spec.get("console") or {}).get("storage") or {}
+    apis = dict(FIXED_APIS)
+    if storage.get("filestore_home"):
+        apis["file.googleapis.com"] = "Filestore (/home)"
+    if storage.get("lustre"):
+        apis["lustre.googleapis.com"] = "Managed Lustre"
+    if storage.get("filestore_home") or storage.get("lustre"):
+        apis["servicenetworking.googleapis.com"] = "Service Networking (private services access)"
+    return apis
+
+
+def check_apis(clients, gcp_project, spec):
+    url = settings.GCE_SERVICE_USAGE_ENDPOINT or clients.endpoint or "https://serviceusage.googleapis.com"
+    enabled, token = set(), None
+    session = clients.session()
+    while True:
+        params = {"filter": "state:ENABLED", "pageSize": 200, **({"pageToken": token} if token else {})}
+        answer = session.get(f"{url}/v1/projects/{gcp_project}/services", params=params)
+        if not answer.ok:
+            why = f"cannot list the enabled APIs ({answer.status_code}): {answer.text[:200]}"
+            return [Finding("fail", "APIs", why)]
+        body = answer.json()
+        enabled |= {service["name"].rsplit("/", 1)[-1] for service in body.get("services", [])}
+        token = body.get("nextPageToken")
+        if not token:
+            break
+    return [
+        Finding("ok", f"API {api}", f"{what}: enabled")
+        if api in enabled
+        else Finding("fail", f"API {api}", f"{what}: not enabled; gcloud services enable {api}")
+        for api, what in needed_apis(spec).items()
+    ]
+
+
+def gpu_token(accelerator):
+    """The model's part of its quota metric: NVIDIA_H200_141GB -> H200, NVIDIA_H100_MEGA_80GB -> H100_MEGA."""
+    parts = accelerator.removeprefix("NVIDIA_").split("_")
+    return "_".join(p for p in parts if not (p.endswith("GB") and p[:-2].isdigit()))
+
+
+def wanted_by_region(spec):
+    """{region: {"CPUS": n, ("GPUS", accelerator, spot): n}} for the spec's pools and the controller."""
+    wanted = {}
+    for pool in spec["node_pools"]:
+        region = pool["zone"].rsplit("-", 1)[0]
+        nodes = pool_node_count(pool)
+        machine = pool["machine_spec"]
+        info = machine_type_info(machine["machine_type"])
+        need = wanted.setdefault(region, {})
+        accelerator = machine.get("accelerator_type") or (info.accelerator_type if info else "")
+        count = int(machine.get("accelerator_count") or (info.accelerator_count if info else 0) or 0)
+        if accelerator and count:
+            key = ("GPUS", accelerator, pool.get("provisioning_model") == "SPOT")
+            need[key] = need.get(key, 0) + nodes * count
+        elif info:
+            need["CPUS"] = need.get("CPUS", 0) + nodes * info.vcpus
+    if wanted:
+        controller = machine_type_info(settings.GCE_CONTROLLER_MACHINE_TYPE)
+        first = next(iter(wanted))
+        wanted[first]["CPUS"] = wanted[first].get("CPUS", 0) + (controller.vcpus if controller else 0)
+    return wanted
+
+
+def check_quotas(clients, gcp_project, spec):
+    from google.api_core import exceptions
+
+    findings = []
+    for region, need in wanted_by_region(spec).items():
+        try:
+            quotas = {q.metric: q for q in clients.regions.get(project=gcp_project, region=region).quotas}
+        except exceptions.GoogleAPICallError as exc:
+            findings.append(Finding("fail", f"quotas in {region}", f"cannot read them: {exc.message}"))
+            continue
+        for key, amount in need.items():
+            if key == "CPUS":
+                metric, label = "CPUS", "CPUs"
+            else:
+                _gpus, accelerator, spot = key
+                token = gpu_token(accelerator)
+                found = sorted(
+                    m for m in quotas if m.endswith("_GPUS") and token in m and m.startswith("PREEMPTIBLE_") == spot
+                )
+                if not found:
+                    why = "no such GPU quota listed for the region; check the Quotas page"
+                    findings.append(Finding("warn", f"{accelerator} quota in {region}", why))
+                    continue
+                metric, label = found[0], accelerator
+            quota = quotas.get(metric)
+            if quota is None:
+                findings.append(Finding("warn", f"{metric} in {region}", "not listed for the region"))
+                continue
+            free = quota.limit - quota.usage
+            status = "ok" if free >= amount else "fail"
+            why = f"{label}: the spec needs {amount:g}, {free:g} free (limit {quota.limit:g}, in use {quota.usage:g})"
+            findings.append(Finding(status, f"{metric} in {region}", why))
+    return findings
+
+
+def check_reservations(clients, gcp_project, spec):
+    from google.api_core import exceptions
+
+    findings = []
+    for pool in spec["node_pools"]:
+        affinity = pool["machine_spec"].get("reservation_affinity") or {}
+        nodes = pool_node_count(pool)
+        for name in affinity.get("values", []):
+            name = name.rsplit("/", 1)[-1]
+            try:
+                found = clients.reservations.get(project=gcp_project, zone=pool["zone"], reservation=name)
+            except exceptions.NotFound:
+                findings.append(Finding("fail", f"reservation {name}", f"not found in {pool['zone']}"))
+                continue
+            except exceptions.GoogleAPICallError as exc:
+                findings.append(Finding("fail", f"reservation {name}", f"cannot read it: {exc.message}"))
+                continue
+            held = found.specific_reservation
+            free = held.count - held.in_use_count
+            machine = held.instance_properties.machine_type
+            status = "ok" if free >= nodes and machine in ("", pool["machine_spec"]["machine_type"]) else "fail"
+            detail = f"{free} of {held.count} {machine or 'machines'} free for {pool['id']}'s {nodes} nodes"
+            if machine and machine != pool["machine_spec"]["machine_type"]:
+                detail += f"; it holds {machine}, the pool asks for {pool['machine_spec']['machine_type']}"
+            findings.append(Finding(status, f"reservation {name}", detail))
+    return findings
