@@ -131,10 +131,10 @@ def tensorboard_proxy(request, project, name, path=""):
     if request.method not in ("GET", "HEAD") and not (request.method == "POST" and "data/" in path):
         return HttpResponse("Only reads go through to TensorBoard.", status=405, content_type="text/plain")
     try:
-        port = tensorboard.ensure(cluster)
-    except (RuntimeError, ConsoleError, OSError) as exc:
-        return HttpResponse(f"TensorBoard is not available: {exc}", status=503, content_type="text/plain")
-    url = f"http://127.0.0.1:{port}{tensorboard.prefix(cluster)}/{path}"
+        host, port = tensorboard.ensure(cluster)
+    except ConsoleError as exc:
+        return HttpResponse(f"TensorBoard is not available: {exc.message}", status=503, content_type="text/plain")
+    url = f"http://{host}:{port}{tensorboard.prefix(cluster)}/{path}"
     if request.META.get("QUERY_STRING"):
         url += "?" + request.META["QUERY_STRING"]
     body = request.body if request.method == "POST" else None

@@ -116,3 +116,14 @@ def test_an_agent_that_does_not_answer_is_a_transient_error():
     silent = AgentClient(AgentEndpoint(f"http://127.0.0.1:{free_port()}", "00"), timeout=2)
     with pytest.raises(TransientBackendError, match="not answering"):
         silent.stat("runs")
+
+
+def test_tensorboard_is_the_one_program_and_only_when_the_agent_was_given_it(agent):
+    client, _home, _root = agent
+    with pytest.raises(AgentRefused) as refused:
+        client.tensorboard("/clusters/alpha/demo/tensorboard")
+    assert refused.value.status == 409  # this agent was started without --tensorboard-python
+    for action, prefix in (("start", "/etc"), ("start", "/clusters/a/b/tensorboard;rm -rf /"), ("exec", None)):
+        with pytest.raises(AgentRefused) as refused:
+            client.call("tensorboard", action=action, path_prefix=prefix)
+        assert refused.value.status == 400

@@ -66,5 +66,13 @@ class AgentClient:
     def list(self, path, pattern="*"):
         return self.call("list", path=path, pattern=pattern)["names"]
 
+    def tensorboard(self, path_prefix):
+        """(host, port) of the cluster's TensorBoard, started if need be."""
+        answer = self.call("tensorboard", action="start", path_prefix=path_prefix)
+        return answer["host"], answer["port"]
+
+    def stop_tensorboard(self):
+        self.call("tensorboard", action="stop")
+
     def write(self, path, data, mode=0o640):
         return self.call("write", path=path, data=base64.b64encode(data).decode(), mode=mode)

@@ -11,9 +11,11 @@ shared home and resolved inside it (no absolute paths, no `..`, no NUL, and no s
     tail  {path, lines=40}               -> {text}                             the last lines (UTF-8, replaced)
     list  {path, pattern="*"}            -> {names}                            sorted, at most 1,000
     write {path, data (base64), mode}    -> {size}                             atomic; parents made; 4 MiB at most
+    tensorboard {action: start|stop, path_prefix}  -> {port, host}            TensorBoard over <home>/runs
 
-Anything else is 404, a bad key 401, a bad argument 400 with {"error": ...}. The agent never runs a
-program and never reads outside the home.
+Anything else is 404, a bad key 401, a bad argument 400 with {"error": ...}. The one program the agent
+starts is TensorBoard (with --tensorboard-python), on the home's runs folder, bound to 127.0.0.1 with
+a path prefix the console chooses (checked); it never reads outside the home.
 """
 
 import argparse
@@ -23,8 +25,13 @@ import fnmatch
 import hmac
 import json
 import os
+import re
+import socket
+import subprocess
 import sys
 import tempfile
+import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -138,10 +145,79 @@ def op_write(home, body):
     return {"size": len(data)}
 
 
+PATH_PREFIX = re.compile(r"/clusters/[a-z0-9][a-z0-9-]{0,62}/[a-z0-9][a-z0-9-]{0,62}/tensorboard\Z")
+
+
+class TensorBoard:
+    """At most one TensorBoard for the home's runs folder, started on demand."""
+
+    def __init__(self, python):
+        self.python, self.process, self.port, self.prefix = python, None, None, None
+        self.lock = threading.Lock()
+
+    def start(self, home, prefix, timeout=30):
+        with self.lock:
+            if self.process is not None and self.process.poll() is None and self.prefix == prefix:
+                return self.port
+            self.stop_locked()
+            logdir = os.path.join(home.root, "runs")
+            os.makedirs(logdir, exist_ok=True)
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            log = open(os.path.join(os.path.dirname(home.root), "tensorboard.log"), "ab")  # noqa: SIM115
+            self.process = subprocess.Popen(
+                [self.python, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
+                 "--port", str(port), "--path_prefix", prefix, "--reload_interval", "5"],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+            )  # fmt: skip
+            log.close()
+            self.port, self.prefix = port, prefix
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                        return port
+                except OSError:
+                    if self.process.poll() is not None:
+                        break
+                    time.sleep(0.2)
+            self.stop_locked()
+            raise Refused(HTTPStatus.SERVICE_UNAVAILABLE, "TensorBoard did not start; see tensorboard.log")
+
+    def stop(self):
+        with self.lock:
+            self.stop_locked()
+
+    def stop_locked(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.process, self.port, self.prefix = None, None, None
+
+
+def op_tensorboard(home, body, tensorboard):
+    action, prefix = body.get("action"), body.get("path_prefix")
+    if action not in ("start", "stop") or (
+        action == "start" and (not isinstance(prefix, str) or not PATH_PREFIX.match(prefix))
+    ):
+        raise bad("action must be start or stop; path_prefix /clusters/<project>/<cluster>/tensorboard")
+    if tensorboard is None:
+        raise Refused(HTTPStatus.CONFLICT, "TensorBoard is not installed on this cluster's agent")
+    if action == "stop":
+        tensorboard.stop()
+        return {"stopped": True}
+    return {"port": tensorboard.start(home, prefix), "host": "127.0.0.1"}
+
+
 OPERATIONS = {"stat": op_stat, "read": op_read, "tail": op_tail, "list": op_list, "write": op_write}
 
 
-def handler_for(home, key):
+def handler_for(home, key, tensorboard=None):
     class Handler(BaseHTTPRequestHandler):
         server_version = "tcc-agent/1"
 
@@ -172,7 +248,7 @@ def handler_for(home, key):
             if not hmac.compare_digest(given.encode(), b"Bearer " + key):
                 raise Refused(HTTPStatus.UNAUTHORIZED, "a valid agent key is required")
             name = self.path.removeprefix("/v1/")
-            if not self.path.startswith("/v1/") or name not in OPERATIONS:
+            if not self.path.startswith("/v1/") or (name not in OPERATIONS and name != "tensorboard"):
                 raise Refused(HTTPStatus.NOT_FOUND, "unknown operation")
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY:
@@ -183,6 +259,8 @@ def handler_for(home, key):
                 raise bad("the body must be JSON") from None
             if not isinstance(body, dict):
                 raise bad("the body must be a JSON object")
+            if name == "tensorboard":
+                return op_tensorboard(home, body, tensorboard)
             return OPERATIONS[name](home, body)
 
     return Handler
@@ -193,12 +271,20 @@ def main(argv=None):
     parser.add_argument("--home", required=True)
     parser.add_argument("--key-file", required=True)
     parser.add_argument("--listen", default="127.0.0.1:6821")
+    parser.add_argument(
+        "--tensorboard-python", help="a Python with tensorboard installed (enables the tensorboard operation)"
+    )
     args = parser.parse_args(argv)
     with open(args.key_file, "rb") as handle:
         key = binascii.hexlify(handle.read())  # the file holds random bytes; clients send their hex
     host, _, port = args.listen.rpartition(":")
-    server = ThreadingHTTPServer((host, int(port)), handler_for(Home(args.home), key))
-    server.serve_forever()
+    tensorboard = TensorBoard(args.tensorboard_python) if args.tensorboard_python else None
+    server = ThreadingHTTPServer((host, int(port)), handler_for(Home(args.home), key, tensorboard))
+    try:
+        server.serve_forever()
+    finally:
+        if tensorboard is not None:
+            tensorboard.stop()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ members.py    a project's members and roles
 """
 
 from . import members
-from .files import file_exists, list_files, read_file, tail_file, write_file
+from .files import file_exists, list_files, read_file, stop_tensorboard, tail_file, tensorboard, write_file
 from .live import job_filters, jobs_of, node_state_counts, nodes_of, sync_state
 from .reach import (
     backend_choices,
@@ -69,11 +69,13 @@ __all__ = [
     "read_file",
     "save_draft",
     "shared_dir",
+    "stop_tensorboard",
     "submit_batch",
     "submit_draft",
     "sync_cluster",
     "sync_state",
     "tail_file",
+    "tensorboard",
     "update_cluster",
     "validate_request",
     "write_file",

@@ -36,6 +36,16 @@ def list_files(cluster, path, pattern="*"):
     return agent_call(cluster, "list", path, pattern)
 
 
+def tensorboard(cluster, path_prefix):
+    """(host, port) of the cluster's TensorBoard (over the home's runs folder), started by the agent
+    if need be; the console proxies to it behind its login."""
+    return agent_call(cluster, "tensorboard", path_prefix)
+
+
+def stop_tensorboard(cluster):
+    return agent_call(cluster, "stop_tensorboard")
+
+
 def write_file(cluster, path, data, mode=0o640):
     """Write the file atomically (its folders made as needed)."""
     if isinstance(data, str):

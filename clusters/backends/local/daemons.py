@@ -107,18 +107,22 @@ def agent_pids(paths):
 
 def start_agent(cluster, paths):
     """The cluster agent (clusters/agent/server.py) on 127.0.0.1, serving the cluster's home; as on a
-    VM's controller, it runs as root beside slurmctld."""
+    VM's controller, it runs as root beside slurmctld. One started with other arguments is replaced."""
     from ...agent import server
 
-    if agent_pids(paths):
-        return
     port = cluster.backend_state["ports"]["agent"]
+    argv = [sys.executable, server.__file__, "--home", str(paths.jobs), "--key-file", str(paths.agent_key),
+            "--listen", f"127.0.0.1:{port}", "--tensorboard-python", sys.executable]  # fmt: skip
+    running = agent_pids(paths)
+    lines = dict(processes.command_lines())
+    if running and all(lines.get(pid) == argv for pid in running):
+        return
+    processes.stop(running)
+    processes.wait_for(lambda: not port_answers(port), timeout=15, waiting_for="the old cluster agent to stop")
     log = open(paths.logs / "agent.log", "ab")  # noqa: SIM115 - handed to the daemon
     subprocess.Popen(
-        ["setsid", "-f", sys.executable, server.__file__, "--home", str(paths.jobs),
-         "--key-file", str(paths.agent_key), "--listen", f"127.0.0.1:{port}"],
-        env={"PATH": "/usr/bin:/bin"}, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        ["setsid", "-f", *argv], env={"PATH": "/usr/bin:/bin"}, stdout=log, stderr=log, stdin=subprocess.DEVNULL
+    )
     log.close()
     if not processes.wait_for(lambda: port_answers(port), timeout=15, waiting_for="the cluster agent"):
         raise TransientBackendError(f"the cluster agent did not start; see {paths.logs / 'agent.log'}")
