@@ -27,7 +27,7 @@ Rules every backend keeps:
 from dataclasses import dataclass
 
 from ..agent.client import AgentClient, AgentEndpoint
-from ..slurm.rest import SlurmEndpoint, SlurmRest
+from ..slurm.rest import SERVICE_USER, SlurmEndpoint, SlurmRest
 from ..slurm.states import JobStatus, NodeStatus
 from ..work import BackendError, PermanentBackendError, Step, TransientBackendError
 
@@ -196,7 +196,7 @@ class Backend:
     def call_slurm_rest(self, cluster, method, path, body=None, account=None):
         """Forward a request to the cluster's slurmrestd as `account` (a clusters.accounts.Account;
         None: the console's service account); returns (HTTP status, raw body)."""
-        user = account.name if account is not None else "root"
+        user = account.name if account is not None else SERVICE_USER
         return self.slurm(cluster).request(method, path, body, user=user)
 
     def ensure_account(self, cluster, account):

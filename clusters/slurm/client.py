@@ -48,7 +48,11 @@ def load(text, command):
 
 
 def parse_sinfo(text):
-    data = load(text, "sinfo")
+    return nodes_from(load(text, "sinfo"))
+
+
+def nodes_from(data):
+    """NodeStatus per node of a `sinfo --json` or slurmrestd /nodes answer (already checked for errors)."""
     return [
         NodeStatus(
             name=node["name"],
@@ -71,7 +75,11 @@ def _number(value):
 
 
 def parse_squeue(text):
-    data = load(text, "squeue")
+    return jobs_from(load(text, "squeue"))
+
+
+def jobs_from(data):
+    """JobStatus per job of a `squeue --json` or slurmrestd /jobs answer (already checked for errors)."""
     jobs = []
     for job in data.get("jobs", []):
         state = job.get("job_state")

@@ -7,7 +7,7 @@ route to the controller (docs/backends.md, "How the console reaches a cluster").
 
     client = SlurmRest(endpoint)                 # endpoint: SlurmEndpoint(url, jwt_key)
     client.nodes() -> [NodeStatus]   client.jobs() -> [JobStatus]   client.job(id) -> JobStatus | None
-    client.submit(script, job, user=...) -> job id   client.cancel(id)   client.request(method, path, body)
+    client.cancel(id)   client.request(method, path, body, user=...) -> (status, raw body)
 """
 
 import base64
@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from ..work import PermanentBackendError, TransientBackendError
-from .client import parse_sinfo, parse_squeue
+from .client import jobs_from, nodes_from
 
 API = "/slurm/v0.0.38"
 SERVICE_USER = "root"  # what the console's own calls run as in Slurm
@@ -90,23 +90,17 @@ class SlurmRest:
         return data
 
     def nodes(self):
-        return parse_sinfo(json.dumps(self.call("GET", f"{API}/nodes", what="slurmrestd nodes")))
+        return nodes_from(self.call("GET", f"{API}/nodes", what="slurmrestd nodes"))
 
     def jobs(self):
-        return parse_squeue(json.dumps(self.call("GET", f"{API}/jobs", what="slurmrestd jobs")))
+        return jobs_from(self.call("GET", f"{API}/jobs", what="slurmrestd jobs"))
 
     def job(self, job_id):
         """The job while Slurm still knows it, else None."""
         status, raw = self.request("GET", f"{API}/job/{int(job_id)}")
         if status >= 400:
             return None  # Slurm has forgotten the job (older than MinJobAge)
-        data = json.loads(raw or b"{}")
-        return next((job for job in parse_squeue(json.dumps(data)) if job.job_id == int(job_id)), None)
-
-    def submit(self, script, job, user=SERVICE_USER):
-        """Submit `script` (its text travels in the request) with the v0.0.38 `job` fields, as `user`."""
-        data = self.call("POST", f"{API}/job/submit", {"script": script, "job": job}, user=user, what="sbatch")
-        return int(data["job_id"])
+        return next((job for job in jobs_from(json.loads(raw or b"{}")) if job.job_id == int(job_id)), None)
 
     def cancel(self, job_id, user=SERVICE_USER):
         self.call("DELETE", f"{API}/job/{int(job_id)}", user=user, what=f"scancel {int(job_id)}")
