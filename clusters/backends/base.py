@@ -110,10 +110,7 @@ class Backend:
 
     def slurm(self, cluster):
         """The slurmrestd client for the cluster; PermanentBackendError where there is none yet."""
-        endpoint = self.slurm_endpoint(cluster)
-        if endpoint is None:
-            raise PermanentBackendError(f"The console cannot reach this cluster's slurmrestd on {self.label} yet")
-        return SlurmRest(endpoint)
+        return self.client_for(self.slurm_endpoint(cluster), SlurmRest, "slurmrestd")
 
     def agent_endpoint(self, cluster):
         """Where the cluster agent (files under the shared home) answers the console, or None while it cannot."""
@@ -121,10 +118,12 @@ class Backend:
 
     def agent(self, cluster):
         """The cluster agent's client; PermanentBackendError where there is none yet."""
-        endpoint = self.agent_endpoint(cluster)
+        return self.client_for(self.agent_endpoint(cluster), AgentClient, "agent")
+
+    def client_for(self, endpoint, client, what):
         if endpoint is None:
-            raise PermanentBackendError(f"The console cannot reach this cluster's agent on {self.label} yet")
-        return AgentClient(endpoint)
+            raise PermanentBackendError(f"The console cannot reach this cluster's {what} on {self.label} yet")
+        return client(endpoint)
 
     def node_statuses(self, cluster):
         """What Slurm says of each node now (a list of NodeStatus)."""

@@ -97,12 +97,13 @@ def leftovers(paths):
     return sorted((named | envs) - {os.getpid()})
 
 
-def agent_pids(paths):
-    return sorted(
-        pid
+def agent_processes(paths):
+    """{pid: argv} of the cluster's agent processes."""
+    return {
+        pid: argv
         for pid, argv in processes.command_lines()
         if any(arg.endswith("agent/server.py") for arg in argv) and str(paths.jobs) in argv
-    )
+    }
 
 
 def start_agent(cluster, paths):
@@ -113,19 +114,25 @@ def start_agent(cluster, paths):
     port = cluster.backend_state["ports"]["agent"]
     argv = [sys.executable, server.__file__, "--home", str(paths.jobs), "--key-file", str(paths.agent_key),
             "--listen", f"127.0.0.1:{port}", "--tensorboard-python", sys.executable]  # fmt: skip
-    running = agent_pids(paths)
-    lines = dict(processes.command_lines())
-    if running and all(lines.get(pid) == argv for pid in running):
+    running = agent_processes(paths)
+    if running and all(line == argv for line in running.values()):
         return
+    replace_server("the cluster agent", sorted(running), port, argv, paths, "agent.log", env={"PATH": "/usr/bin:/bin"})
+
+
+def replace_server(what, running, port, argv, paths, log_name, env):
+    """Stop `running`, wait until the port is let go (or "answers" below would be the old one's last
+    words), start `argv` in its own session and wait until it accepts connections on the port."""
     processes.stop(running)
-    processes.wait_for(lambda: not port_answers(port), timeout=15, waiting_for="the old cluster agent to stop")
-    log = open(paths.logs / "agent.log", "ab")  # noqa: SIM115 - handed to the daemon
-    subprocess.Popen(
-        ["setsid", "-f", *argv], env={"PATH": "/usr/bin:/bin"}, stdout=log, stderr=log, stdin=subprocess.DEVNULL
-    )
-    log.close()
-    if not processes.wait_for(lambda: port_answers(port), timeout=15, waiting_for="the cluster agent"):
-        raise TransientBackendError(f"the cluster agent did not start; see {paths.logs / 'agent.log'}")
+    processes.wait_for(lambda: not port_answers(port), timeout=15, waiting_for=f"the old {what} to stop")
+    with open(paths.logs / log_name, "ab") as log:
+        # setsid -f: the server runs in the foreground; the extra fork leaves no zombie in the worker.
+        subprocess.Popen(
+            ["setsid", "-f", *argv], env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=paths.root,
+        )  # fmt: skip
+    if not processes.wait_for(lambda: port_answers(port), timeout=15, waiting_for=what):
+        raise TransientBackendError(f"{what} did not start; see {paths.logs / log_name}")
 
 
 def stop_all(paths):
@@ -133,7 +140,7 @@ def stop_all(paths):
     munged, then anything of the cluster still running (job steps, TensorBoard)."""
     return [
         ("every job", lambda: cancel_jobs(paths)),
-        ("the cluster agent", lambda: processes.stop(agent_pids(paths))),
+        ("the cluster agent", lambda: processes.stop(sorted(agent_processes(paths)))),
         ("slurmrestd", lambda: processes.stop(processes.find_pids("slurmrestd", str(paths.conf)))),
         ("slurmd on every node", lambda: processes.stop(processes.find_pids("slurmd", str(paths.conf)))),
         ("slurmctld", lambda: processes.stop(processes.find_pids("slurmctld", str(paths.conf)))),
@@ -215,34 +222,9 @@ def start_slurmrestd(cluster, paths):
     running = processes.find_pids("slurmrestd", str(paths.conf))
     if running and cluster.backend_state.get("slurmrestd_conf") == conf.digest(paths):
         return
-    processes.stop(running)
     port = cluster.backend_state["ports"]["slurmrestd"]
-    # The one it replaces must have let go of the port, or "answers" below would be its last words.
-    processes.wait_for(lambda: not port_answers(port), timeout=15, waiting_for="the old slurmrestd to stop")
-    log = open(paths.logs / "slurmrestd.log", "ab")  # noqa: SIM115 - handed to the daemon
-    # setsid -f: slurmrestd runs in the foreground; the extra fork leaves no zombie in the worker.
-    subprocess.Popen(
-        [
-            "setsid",
-            "-f",
-            processes.program("slurmrestd"),
-            "-f",
-            str(paths.conf),
-            "-a",
-            "rest_auth/jwt",
-            "-s",
-            "openapi/v0.0.38",
-            "-u",
-            "nobody",
-            f"127.0.0.1:{port}",
-        ],
-        env={"SLURM_JWT": "daemon", "SLURM_CONF": str(paths.conf), "PATH": "/usr/bin:/bin"},
-        stdout=log,
-        stderr=log,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        cwd=paths.root,
-    )
-    if not processes.wait_for(lambda: port_answers(port), timeout=15, waiting_for="slurmrestd"):
-        raise TransientBackendError(f"slurmrestd did not start; see {paths.logs / 'slurmrestd.log'}")
+    argv = [processes.program("slurmrestd"), "-f", str(paths.conf), "-a", "rest_auth/jwt", "-s", "openapi/v0.0.38",
+            "-u", "nobody", f"127.0.0.1:{port}"]  # fmt: skip
+    env = {"SLURM_JWT": "daemon", "SLURM_CONF": str(paths.conf), "PATH": "/usr/bin:/bin"}
+    replace_server("slurmrestd", running, port, argv, paths, "slurmrestd.log", env)
     Backend.save_state(cluster, slurmrestd_conf=conf.digest(paths))
