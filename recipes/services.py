@@ -415,10 +415,6 @@ def metrics(run, limit=None):
     return list(run.metric_rows.values_list("values", flat=True))
 
 
-def log_tail(run):
-    return run.log_tail
-
-
 def summary(run):
     """Step, loss, tokens/s and ETA from the metrics the run wrote."""
     rows = metrics(run)

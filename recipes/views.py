@@ -77,7 +77,7 @@ def run_context(run):
     return {
         "summary": services.summary(run),
         "chart": line_chart(rows, "loss"),
-        "log": services.log_tail(run),
+        "log": run.log_tail,
         "progress": round(100 * rows[-1]["step"] / run.steps) if rows else 0,
     }
 
