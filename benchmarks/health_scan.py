@@ -112,7 +112,7 @@ def write_job(cluster):
     script.write_text(
         f"#!/bin/bash\n#SBATCH -N 2\n#SBATCH --requeue\n#SBATCH -o {folder}/bench-%j.out\nsrun sleep 600\n"
     )
-    return script
+    return script.name  # relative to the home, as submit_batch takes it
 
 
 if __name__ == "__main__":

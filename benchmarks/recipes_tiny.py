@@ -73,7 +73,7 @@ def main(steps):
         config = json.loads((Path(run.work_dir) / "config.json").read_text())
         config["steps"] += 1
         (Path(run.work_dir) / "config.json").write_text(json.dumps(config))
-        job = cluster_services.submit_batch(cluster, Path(run.work_dir) / "job.sbatch")
+        job = cluster_services.submit_batch(cluster, f"runs/{Path(run.work_dir).name}/job.sbatch")
         deadline = time.monotonic() + 300
         while not any(e["event"] == "resumed" for e in read(run, "events.jsonl")) and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -278,7 +278,7 @@ def launch_run(*, cluster, data, user=None):
     except ConsoleError as exc:
         raise FieldErrors({"cluster": [f"could not write the run's files: {exc.message}"]}) from None
     try:
-        run.slurm_job_id = clusters.submit_batch(cluster, work_dir / "job.sbatch", user=user)
+        run.slurm_job_id = clusters.submit_batch(cluster, in_run(run, "job.sbatch"), user=user)
     except ConsoleError as exc:
         raise FieldErrors({"cluster": [f"sbatch failed: {exc.message}"]}) from None
     with transaction.atomic():

@@ -2,6 +2,7 @@
 its allow-list, and what it refuses. Persona: mallory holds the agent's address and tries to leave the
 home or run something; the console holds the key."""
 
+import pwd
 import secrets
 import socket
 import subprocess
@@ -127,3 +128,48 @@ def test_tensorboard_is_the_one_program_and_only_when_the_agent_was_given_it(age
         with pytest.raises(AgentRefused) as refused:
             client.call("tensorboard", action=action, path_prefix=prefix)
         assert refused.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"action": "shutdown"}, "action must be"),
+        ({"action": "drain", "node": "cpu-0;reboot", "reason": "x"}, "node must be"),
+        ({"action": "drain", "node": "--all", "reason": "x"}, "node must be"),
+        ({"action": "drain", "node": "cpu-0", "reason": "two\nlines"}, "reason must be"),
+        ({"action": "hold", "name": "h", "nodes": "cpu-0"}, "nodes must be"),
+        ({"action": "hold", "name": "h x", "nodes": ["cpu-0"]}, "name must be"),
+        ({"action": "release", "name": "../x"}, "name must be"),
+    ],
+)
+def test_mallory_gets_no_slurm_action_off_the_list_and_no_argument_unchecked(agent, arguments, message):
+    client, _home, _root = agent
+    action = arguments.pop("action")
+    with pytest.raises(AgentRefused, match=message) as refused:
+        client.slurm(action, **arguments)
+    assert refused.value.status == 400
+
+
+def test_a_folder_is_handed_to_an_account_but_never_the_home_or_to_root(agent):
+    client, home, _root = agent
+    (home / "runs/8").mkdir(parents=True)
+    (home / "runs/8/job.sbatch").write_text("#!/bin/bash\n")
+    for path, user, message in [
+        (".", "nobody", "a folder below"),
+        ("runs/8/job.sbatch", "nobody", "a folder below"),
+        ("runs/8", "root", "other than root"),
+        ("runs/8", "no-such-account-here", "other than root"),
+        ("../etc", "nobody", "without '..'"),
+    ]:
+        with pytest.raises(AgentRefused, match=message):
+            client.own(path, user)
+    with pytest.raises(AgentRefused, match="an existing group of the user's"):
+        client.own("runs/8", "nobody", "root")
+    with pytest.raises(AgentRefused, match="an existing group of the user's"):
+        client.own("runs/8", "nobody", "mail")  # a group nobody is not in
+    assert client.own("runs/8", "nobody") == {"owner": "nobody", "group": "nogroup"}
+    nobody = pwd.getpwnam("nobody")
+    for path in (home / "runs/8", home / "runs/8/job.sbatch"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (nobody.pw_uid, nobody.pw_gid)
+    assert oct((home / "runs/8").stat().st_mode & 0o7777) == "0o2750"
+    assert home.stat().st_uid == 0

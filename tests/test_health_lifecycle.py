@@ -19,7 +19,6 @@ from clusters.health.scans import start_scan, targets
 from clusters.health.schedule import run_due_scans, run_one, schedule_for
 from clusters.models import Cluster, HealthResult, HealthSchedule, Operation
 from clusters.operations import engine
-from clusters.slurm.client import run_client
 
 from .conftest import api_client_for, example_spec, module_cluster, synced, wait_until
 
@@ -119,7 +118,7 @@ def test_a_node_added_by_a_resize_takes_no_job_before_its_first_scan_passes(
         if not pinned:
             script = Path(backend.shared_dir(grow)) / "pinned.sbatch"
             script.write_text("#!/bin/bash\n#SBATCH --nodelist=cpu-2\n#SBATCH --output=/dev/null\nhostname\n")
-            pinned["id"] = backend.submit_batch(grow, script)
+            pinned["id"] = backend.submit_batch(grow, script.name)
         return real_submit(operation)
 
     real_submit = scans.submit
@@ -139,7 +138,7 @@ def test_a_node_added_by_a_resize_takes_no_job_before_its_first_scan_passes(
     assert fix.checkpoint["held"] == ["cpu-3"]  # the replacement is held until its verification passes
     grow.refresh_from_db()
     assert grow.status == ClusterStatus.READY, timeline(grow)
-    assert "No reservations" in run_client(backend.paths(grow).conf, "scontrol", "show", "reservation").stdout
+    assert backend.slurm(grow).reservations() == {}
     events = timeline(grow)
     assert any(e.startswith("Update done (3 compute nodes idle in Slurm) but not ready") for e in events), events
     assert "Repaired cpu-2 (correctness) by replace: correctness passes on all 3 scanned nodes" in events
@@ -154,7 +153,7 @@ def test_a_hold_keeps_other_jobs_off_its_node_until_it_ends(cluster):
         script.write_text(
             "\n".join(["#!/bin/bash", *(f"#SBATCH {o}" for o in options), "#SBATCH --output=/dev/null", "true", ""])
         )
-        return backend.submit_batch(cluster, script)
+        return backend.submit_batch(cluster, script.name)
 
     def state(job_id):
         found = backend.job_status(cluster, job_id)
@@ -252,7 +251,7 @@ def test_a_scheduled_scan_leaves_busy_nodes_alone_and_waits_when_none_is_idle(cl
     backend = get_backend("local")
     script = backend.shared_dir(cluster) / "busy.sbatch"
     script.write_text("#!/bin/bash\n#SBATCH --exclusive\n#SBATCH --output=/dev/null\nsleep 120\n")
-    jobs = [backend.submit_batch(cluster, script)]
+    jobs = [backend.submit_batch(cluster, script.name)]
     try:
         wait_until(lambda: len(targets(cluster, idle_only=True)[0].get("cpu", [])) == 1, message="one node busy")
         nodes, skipped = targets(cluster, idle_only=True)
@@ -261,7 +260,7 @@ def test_a_scheduled_scan_leaves_busy_nodes_alone_and_waits_when_none_is_idle(cl
         scan = run(start_scan(cluster=cluster, checks=["disk"], idle_only=True))
         assert {r.node for r in scan.health_results.all()} == set(nodes["cpu"])
         assert busy in scan.checkpoint["skipped_nodes"]
-        jobs.append(backend.submit_batch(cluster, script))
+        jobs.append(backend.submit_batch(cluster, script.name))
         wait_until(lambda: not targets(cluster, idle_only=True)[0], message="both nodes busy")
         schedule = schedule_for(cluster)
         HealthSchedule.objects.filter(pk=schedule.pk).update(next_run=timezone.now())
@@ -365,7 +364,8 @@ def test_with_slurmctld_killed_pages_keep_the_last_state_with_a_banner_and_nothi
         assert "Slurm is not answering" in rosa_api.get(API + "jobs/")["Warning"]
         assert Cluster.objects.get(pk=cluster.pk).status == ClusterStatus.READY
     finally:
-        daemons.start_slurmctld(Cluster.objects.get(pk=cluster.pk), paths)
+        restarted = Cluster.objects.get(pk=cluster.pk)
+        daemons.start_slurmctld(restarted, paths, get_backend("local").slurm(restarted))
     wait_until(lambda: synced(cluster) == "", timeout=60, message="Slurm to answer again")
     assert 'data-sync="fresh"' in rosa_web.get("/clusters/rlab/train/nodes/").content.decode()
     timeline = list(cluster.events.values_list("message", flat=True)[:5])

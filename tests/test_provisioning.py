@@ -59,7 +59,7 @@ def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, sl
     paths = get_backend("local").paths(cluster)
     script = paths.jobs / "hello.sh"
     script.write_text("#!/bin/bash\n#SBATCH -N 2\nsrun bash -c 'echo $SLURMD_NODENAME'\n")
-    job_id = get_backend("local").submit_batch(cluster, script)
+    job_id = get_backend("local").submit_batch(cluster, script.name)
 
     def completed():
         jobs = {j.job_id: j for j in get_backend("local").jobs(cluster)}

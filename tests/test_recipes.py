@@ -379,7 +379,6 @@ def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(ri
     from clusters.backends import get_backend
     from clusters.models import Operation
     from clusters.operations import engine
-    from clusters.slurm.client import run_client
 
     backend = get_backend("local")
     paths = backend.paths(train_cluster)
@@ -400,7 +399,7 @@ def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(ri
     job_id = sent.json()["body"]["job_id"]
     wait_until(lambda: processes.job_processes(str(paths.conf)), timeout=60, message=f"job {job_id}'s processes to run")
     backend.hold(train_cluster, "tcc-hold-leftover", ["cpu-1"])
-    assert "tcc-hold-leftover" in run_client(paths.conf, "scontrol", "show", "reservation").stdout
+    assert "tcc-hold-leftover" in backend.slurm(train_cluster).reservations()
     tensorboard = [pid for pid, argv in processes.command_lines() if "tensorboard" in " ".join(argv)
                    and str(paths.root) in " ".join(argv)]  # fmt: skip
     assert tensorboard

@@ -72,7 +72,7 @@ def test_a_cancel_goes_through_slurmrestd(cluster):
     home = backend.shared_dir(cluster)
     script = home / "sleeper.sh"
     script.write_text(f"#!/bin/bash\n#SBATCH -N 1\n#SBATCH --output={home}/sleeper-%j.out\nsleep 300\n")
-    job_id = backend.submit_batch(cluster, script)
+    job_id = backend.submit_batch(cluster, script.name)
 
     def running():
         job = backend.job_status(cluster, job_id)
@@ -84,3 +84,56 @@ def test_a_cancel_goes_through_slurmrestd(cluster):
     assert job.state in ("CANCELLED", "COMPLETING")
     assert services.sync_cluster(cluster) == ""
     assert cluster.slurm_jobs.get(job_id=job_id).state in ("CANCELLED", "COMPLETING")
+
+
+def test_a_batch_script_goes_in_the_request_and_its_directives_reach_slurm(cluster):
+    backend = get_backend("local")
+    home = backend.shared_dir(cluster)
+    (home / "batch").mkdir(exist_ok=True)
+    (home / "batch/pinned.sbatch").write_text(
+        "#!/bin/bash\n#SBATCH --job-name=pinned -N 1 --nodelist=cpu-1\n#SBATCH --time=7 --no-requeue\n"
+        f"#SBATCH --output={home}/batch/pinned-%j.out\necho ran on $SLURMD_NODENAME in $PWD\n"
+    )
+    job_id = backend.submit_batch(cluster, "batch/pinned.sbatch")
+    _status, raw = backend.slurm(cluster).request("GET", f"/slurm/v0.0.38/job/{job_id}")
+    job = json.loads(raw)["jobs"][0]
+    assert (job["name"], job["time_limit"], job["requeue"]) == ("pinned", 7, False)
+    assert job["current_working_directory"] == f"{home}/batch"  # the script's folder, as sbatch would
+    output = home / "batch" / f"pinned-{job_id}.out"
+    wait_until(lambda: output.exists() and output.read_text(), message="the job's output")
+    assert output.read_text() == f"ran on cpu-1 in {home}/batch\n"
+
+
+def test_a_directive_the_console_cannot_pass_on_submits_nothing(cluster):
+    backend = get_backend("local")
+    (backend.shared_dir(cluster) / "mail.sbatch").write_text(
+        "#!/bin/bash\n#SBATCH -N 1\n#SBATCH --mail-type=END\ntrue\n"
+    )
+    before = {job.job_id for job in backend.jobs(cluster)}
+    with pytest.raises(BackendError, match="line 3: #SBATCH --mail-type is not an option"):
+        backend.submit_batch(cluster, "mail.sbatch")
+    assert {job.job_id for job in backend.jobs(cluster)} == before
+
+
+def test_drain_resume_holds_submits_and_cancels_start_no_program_in_the_console(cluster, monkeypatch):
+    """Everything the console asks of Slurm goes over HTTP: slurmrestd or the cluster agent."""
+    backend = get_backend("local")
+    (backend.shared_dir(cluster) / "nap.sbatch").write_text("#!/bin/bash\n#SBATCH -N 1 --output=/dev/null\nsleep 30\n")
+    started = []
+    monkeypatch.setattr(subprocess, "run", lambda command, *a, **k: started.append(command))
+    monkeypatch.setattr(subprocess, "Popen", lambda command, *a, **k: started.append(command))
+
+    backend.drain(cluster, "cpu-1", "rest test")
+    assert {n.name: n.display_state for n in backend.node_statuses(cluster)}["cpu-1"].endswith("drain")
+    backend.resume(cluster, "cpu-1")
+    backend.resume(cluster, "cpu-1")  # a node that is not drained: nothing to do
+    assert "drain" not in {n.name: n.display_state for n in backend.node_statuses(cluster)}["cpu-1"]
+    backend.hold(cluster, "tcc-rest-hold", ["cpu-0"])
+    backend.hold(cluster, "tcc-rest-hold", ["cpu-1"])  # widens the hold
+    assert backend.slurm(cluster).reservations()["tcc-rest-hold"] == "cpu-[0-1]"
+    backend.release(cluster, "tcc-rest-hold")
+    backend.release(cluster, "tcc-rest-hold")  # gone already: fine
+    assert "tcc-rest-hold" not in backend.slurm(cluster).reservations()
+    job_id = backend.submit_batch(cluster, "nap.sbatch")
+    backend.cancel_job(cluster, job_id)
+    assert started == []

@@ -6,6 +6,8 @@ agent.read("runs/7/metrics.jsonl", offset=0, limit=1 << 20) -> bytes
 agent.tail("runs/7/slurm-12.out", lines=40) -> str
 agent.list("runs/7", "slurm-*.out") -> [names]
 agent.write("runs/7/config.json", b"...", mode=0o640)
+agent.own("runs/7", "tcc-alice", "tcc-p-lab")     # the run's folder becomes the user's
+agent.slurm("drain", node="cpu-1", reason="...")  # drain, down, resume, reconfigure, hold, release
 """
 
 import base64
@@ -76,3 +78,10 @@ class AgentClient:
 
     def write(self, path, data, mode=0o640):
         return self.call("write", path=path, data=base64.b64encode(data).decode(), mode=mode)
+
+    def own(self, path, user, group=None):
+        return self.call("own", path=path, user=user, **({"group": group} if group else {}))
+
+    def slurm(self, action, **arguments):
+        """One of the Slurm actions slurmrestd 0.0.38 lacks, run by the agent beside slurmctld."""
+        return self.call("slurm", action=action, **arguments)

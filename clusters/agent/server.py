@@ -11,7 +11,14 @@ shared home and resolved inside it (no absolute paths, no `..`, no NUL, and no s
     tail  {path, lines=40}               -> {text}                             the last lines (UTF-8, replaced)
     list  {path, pattern="*"}            -> {names}                            sorted, at most 1,000
     write {path, data (base64), mode}    -> {size}                             atomic; parents made; 4 MiB at most
+    own   {path, user, group?}           -> {owner, group}                     a run's folder becomes a user's
     tensorboard {action: start|stop, path_prefix}  -> {port, host}            TensorBoard over <home>/runs
+    slurm {action, node?, reason?, name?, nodes?}  -> {done, ...}             what slurmrestd 0.0.38 cannot do
+
+`slurm` runs scontrol (never a shell) for a fixed list of actions, each with checked arguments:
+drain/resume/down a node, reconfigure, hold (create or widen a reservation for root, FLEX and
+IGNORE_JOBS) and release (delete it; done when it is already gone). The agent finds the cluster's
+slurm.conf as scontrol does (--slurm-conf or $SLURM_CONF, else /etc/slurm/slurm.conf).
 
 Anything else is 404, a bad key 401, a bad argument 400 with {"error": ...}. The one program the agent
 starts is TensorBoard (with --tensorboard-python), on the home's runs folder, bound to 127.0.0.1 with
@@ -22,10 +29,13 @@ import argparse
 import base64
 import binascii
 import fnmatch
+import grp
 import hmac
 import json
 import os
+import pwd
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -145,6 +155,111 @@ def op_write(home, body):
     return {"size": len(data)}
 
 
+def op_own(home, body):
+    """The folder (a run's, below the home) and what is in it become `user`'s and `group`'s (a
+    project's group the user is in; default the user's own), writable by the user alone; the home
+    itself never changes hands."""
+    real = home.resolve(body.get("path"))
+    user, group = body.get("user"), body.get("group")
+    if real == home.root or not os.path.isdir(real):
+        raise bad("path must be a folder below the cluster's home")
+    try:
+        account = pwd.getpwnam(user) if isinstance(user, str) else None
+        team = grp.getgrnam(group) if isinstance(group, str) else grp.getgrgid(account.pw_gid) if account else None
+    except KeyError:
+        account = team = None
+    if account is None or account.pw_uid == 0:
+        raise bad("user must be an existing account other than root")
+    if team is None or team.gr_gid == 0 or (team.gr_gid != account.pw_gid and account.pw_name not in team.gr_mem):
+        raise bad("group must be an existing group of the user's, other than root")
+    for folder, names, files in os.walk(real):
+        for name in (folder, *(os.path.join(folder, n) for n in names + files)):
+            os.chown(name, account.pw_uid, team.gr_gid, follow_symlinks=False)
+    os.chmod(real, 0o2750)
+    return {"owner": account.pw_name, "group": team.gr_name}
+
+
+NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
+RESERVATION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
+
+
+def scontrol(*args, check=True):
+    """Run scontrol with `args` (no shell); its result. Refused (502) when Slurm says no."""
+    program = shutil.which("scontrol", path=os.environ.get("PATH", "/usr/bin:/bin"))
+    if program is None:
+        raise Refused(HTTPStatus.CONFLICT, "scontrol is not installed beside this agent")
+    try:
+        result = subprocess.run([program, *args], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise Refused(HTTPStatus.GATEWAY_TIMEOUT, f"scontrol {args[0]} did not answer within 30 s") from None
+    if check and result.returncode != 0:
+        raise Refused(HTTPStatus.BAD_GATEWAY, f"scontrol {args[0]}: {(result.stderr or result.stdout).strip()[-300:]}")
+    return result
+
+
+def node_arg(body):
+    node = body.get("node")
+    if not isinstance(node, str) or not NODE.match(node):
+        raise bad("node must be a Slurm node name")
+    return node
+
+
+def reason_arg(body):
+    reason = body.get("reason", "")
+    if not isinstance(reason, str) or not reason.strip() or any(ord(c) < 32 for c in reason):
+        raise bad("reason must be one line of text")
+    return reason.strip()[:100]
+
+
+def hold(name, nodes):
+    fields = dict(f.split("=", 1) for f in scontrol("show", "reservation", name, "-o", check=False).stdout.split()
+                  if "=" in f)  # fmt: skip
+    if fields.get("Nodes"):
+        nodes = sorted(set(scontrol("show", "hostnames", fields["Nodes"]).stdout.split()) | set(nodes))
+        scontrol("update", f"reservationname={name}", f"nodes={','.join(nodes)}")
+    else:
+        scontrol("create", "reservation", f"reservationname={name}", f"nodes={','.join(nodes)}", "users=root",
+                 "starttime=now", "duration=infinite", "flags=flex,ignore_jobs")  # fmt: skip
+    return {"done": True, "nodes": nodes}
+
+
+def release(name):
+    """Delete the reservation; {"done": false} while Slurm refuses (a job that asked for it is still
+    completing), so the caller can wait and ask again."""
+    result = scontrol("delete", f"reservationname={name}", check=False)
+    gone = ("Invalid reservation name", "Requested reservation is invalid")
+    if result.returncode == 0 or any(text in result.stderr for text in gone):
+        return {"done": True}
+    return {"done": False, "error": result.stderr.strip()[-300:]}
+
+
+def op_slurm(home, body):
+    action = body.get("action")
+    if action == "drain":
+        scontrol("update", f"nodename={node_arg(body)}", "state=drain", f"reason={reason_arg(body)}")
+    elif action == "down":
+        scontrol("update", f"nodename={node_arg(body)}", "state=down", f"reason={reason_arg(body)}")
+    elif action == "resume":
+        result = scontrol("update", f"nodename={node_arg(body)}", "state=resume", check=False)
+        if result.returncode != 0 and "Invalid node state" not in result.stderr:  # not drained: nothing to do
+            raise Refused(HTTPStatus.BAD_GATEWAY, f"scontrol update: {result.stderr.strip()[-300:]}")
+    elif action == "reconfigure":
+        scontrol("reconfigure")
+    elif action in ("hold", "release"):
+        name = body.get("name")
+        if not isinstance(name, str) or not RESERVATION.match(name):
+            raise bad("name must be a reservation name")
+        if action == "release":
+            return release(name)
+        nodes = body.get("nodes")
+        if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) and NODE.match(n) for n in nodes):
+            raise bad("nodes must be a list of Slurm node names")
+        return hold(name, nodes)
+    else:
+        raise bad("action must be drain, down, resume, reconfigure, hold or release")
+    return {"done": True}
+
+
 PATH_PREFIX = re.compile(r"/clusters/[a-z0-9][a-z0-9-]{0,62}/[a-z0-9][a-z0-9-]{0,62}/tensorboard\Z")
 
 
@@ -214,7 +329,8 @@ def op_tensorboard(home, body, tensorboard):
     return {"port": tensorboard.start(home, prefix), "host": "127.0.0.1"}
 
 
-OPERATIONS = {"stat": op_stat, "read": op_read, "tail": op_tail, "list": op_list, "write": op_write}
+OPERATIONS = {"stat": op_stat, "read": op_read, "tail": op_tail, "list": op_list, "write": op_write,
+              "own": op_own, "slurm": op_slurm}  # fmt: skip
 
 
 def handler_for(home, key, tensorboard=None):
@@ -271,10 +387,13 @@ def main(argv=None):
     parser.add_argument("--home", required=True)
     parser.add_argument("--key-file", required=True)
     parser.add_argument("--listen", default="127.0.0.1:6821")
+    parser.add_argument("--slurm-conf", help="the cluster's slurm.conf, when not /etc/slurm/slurm.conf")
     parser.add_argument(
         "--tensorboard-python", help="a Python with tensorboard installed (enables the tensorboard operation)"
     )
     args = parser.parse_args(argv)
+    if args.slurm_conf:
+        os.environ["SLURM_CONF"] = args.slurm_conf
     with open(args.key_file, "rb") as handle:
         key = binascii.hexlify(handle.read())  # the file holds random bytes; clients send their hex
     host, _, port = args.listen.rpartition(":")

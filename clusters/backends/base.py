@@ -22,11 +22,17 @@ Rules every backend keeps:
   where with `slurm_endpoint(cluster)` (URL and JWT key); node states, jobs, job status, cancels
   and `:callSlurmRestApi` then go through the one client in clusters/slurm/rest.py, whatever the
   backend. A backend whose slurmrestd the console cannot reach yet answers None and overrides them.
+  Batch jobs are submitted through slurmrestd too, with the script in the request (its #SBATCH lines
+  read by clusters/slurm/batch.py); what slurmrestd 0.0.38 cannot do (drain, resume, holds as
+  reservations, reconfigure, handing a run's folder to a user) the agent does beside slurmctld.
 """
 
+import posixpath
 from dataclasses import dataclass
 
+from .. import processes
 from ..agent.client import AgentClient, AgentEndpoint
+from ..slurm.batch import job_properties
 from ..slurm.rest import SERVICE_USER, SlurmEndpoint, SlurmRest
 from ..slurm.states import JobStatus, NodeStatus
 from ..work import BackendError, PermanentBackendError, Step, TransientBackendError
@@ -138,18 +144,33 @@ class Backend:
         raise NotImplementedError
 
     def shared_dir(self, cluster):
-        """A folder every node and the console see (the cluster's /home), for run configs and outputs."""
+        """The cluster's shared home as its nodes see it (an absolute path on the cluster, e.g. /home):
+        scripts name their outputs there; the console itself reaches it only through the agent."""
         raise PermanentBackendError(f"The {self.name} backend cannot run recipes yet")
 
     def login_env(self, cluster):
         """Environment a user sets on the login node to reach this cluster's Slurm ({} when nothing)."""
         return {}
 
-    def submit_batch(self, cluster, script_path, account=None):
-        """Submit an sbatch script that lies in shared_dir(); returns the Slurm job id. With an
-        `account` (clusters.accounts.Account) the job is that account's: its folder becomes the
-        account's and Slurm runs it as the account; without, as the console's service account."""
-        raise PermanentBackendError(f"The {self.name} backend cannot submit jobs yet")
+    def job_environment(self, cluster):
+        """The environment a batch job starts with (slurmrestd passes none of its own)."""
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **self.login_env(cluster)}
+
+    def submit_batch(self, cluster, path, account=None):
+        """Submit the batch script at `path` (relative to the shared home, written through the agent)
+        from its folder; returns the Slurm job id. With an `account` (clusters.accounts.Account) the
+        job is that account's: its folder becomes the account's and Slurm runs it as the account;
+        without, as the console's service account. A directive the console cannot pass on is a
+        PermanentBackendError naming its line."""
+        agent = self.agent(cluster)
+        script = agent.read(path).decode()
+        job = job_properties(script)
+        folder = posixpath.dirname(path)
+        if account is not None:
+            agent.own(folder, account.name, account.group)
+        job.setdefault("current_working_directory", posixpath.join(str(self.shared_dir(cluster)), folder))
+        job["environment"] = self.job_environment(cluster)
+        return self.slurm(cluster).submit(script, job, user=account.name if account is not None else SERVICE_USER)
 
     def cancel_job(self, cluster, job_id):
         self.slurm(cluster).cancel(job_id)
@@ -158,10 +179,10 @@ class Backend:
 
     def drain(self, cluster, node, reason):
         """Stop new jobs landing on `node`; the reason shows in sinfo."""
-        raise PermanentBackendError(f"The {self.name} backend cannot drain nodes yet")
+        self.agent(cluster).slurm("drain", node=node, reason=reason)
 
     def resume(self, cluster, node):
-        raise PermanentBackendError(f"The {self.name} backend cannot resume nodes yet")
+        self.agent(cluster).slurm("resume", node=node)
 
     def reboot(self, cluster, node):
         """Restart the node (its jobs die with it) and wait until its slurmd registers again."""
@@ -177,12 +198,23 @@ class Backend:
     def hold(self, cluster, name, nodes):
         """Keep `nodes` for jobs that ask for hold `name` (on Slurm, a reservation): no other job starts
         on them, while a job asking for the hold may use other nodes too. Again with the same name: the
-        hold covers `nodes` as well. Only asked of backends that run jobs."""
-        raise PermanentBackendError(f"The {self.name} backend cannot hold nodes yet")
+        hold covers `nodes` as well. Only asked of backends that run jobs.
+
+        On Slurm: a reservation for root, made by the agent. FLEX lets a scan job asking for it use
+        unheld nodes too (scheduled by backfill); IGNORE_JOBS lets it cover a node that has jobs."""
+        self.agent(cluster).slurm("hold", name=name, nodes=list(nodes))
 
     def release(self, cluster, name):
-        """End hold `name` (its nodes take any job again); a hold that is gone already is fine."""
-        raise PermanentBackendError(f"The {self.name} backend cannot hold nodes yet")
+        """End hold `name` (its nodes take any job again); a hold that is gone already is fine. Slurm
+        refuses while a job that asked for it is still completing, so this waits up to 30 s."""
+        agent, answer = self.agent(cluster), {}
+
+        def released():
+            answer.update(agent.slurm("release", name=name))
+            return answer["done"]
+
+        if not processes.wait_for(released, timeout=30, interval=0.5, waiting_for=f"Slurm to end hold {name}"):
+            raise TransientBackendError(f"Slurm would not end hold {name}: {answer.get('error', '')}")
 
     def kill_node(self, cluster, node):
         """Kill the node's slurmd and job steps at once, as a dead machine would (needs injects_faults)."""

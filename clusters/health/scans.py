@@ -220,7 +220,7 @@ def submit(ctx):
     jobs = dict(ctx.checkpoint.get("jobs", {}))
     for name in ctx.checkpoint["nodes"]:
         if name not in jobs:
-            jobs[name] = ctx.backend.submit_batch(ctx.cluster, scan_dir(ctx) / f"scan-{name}.sbatch")
+            jobs[name] = ctx.backend.submit_batch(ctx.cluster, in_scan(ctx, f"scan-{name}.sbatch"))
             ctx.checkpoint.set("jobs", jobs)
 
 

@@ -49,10 +49,11 @@ def shared_dir(cluster):
     return call(cluster, "shared_dir")
 
 
-def submit_batch(cluster, script_path, user=None):
-    """Submit the sbatch script (in shared_dir()) as `user`'s POSIX account in the cluster's project,
-    made on first use; the script's folder becomes the account's. Without a user: the service account."""
-    return call(cluster, "submit_batch", script_path, account_of(cluster, user))
+def submit_batch(cluster, path, user=None):
+    """Submit the batch script at `path` (relative to the shared home, written with write_file) as
+    `user`'s POSIX account in the cluster's project, made on first use; the script's folder becomes
+    the account's. Without a user: the service account. The job id."""
+    return call(cluster, "submit_batch", path, account_of(cluster, user))
 
 
 def job_status(cluster, job_id):

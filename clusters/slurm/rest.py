@@ -7,7 +7,8 @@ route to the controller (docs/backends.md, "How the console reaches a cluster").
 
     client = SlurmRest(endpoint)                 # endpoint: SlurmEndpoint(url, jwt_key)
     client.nodes() -> [NodeStatus]   client.jobs() -> [JobStatus]   client.job(id) -> JobStatus | None
-    client.cancel(id)   client.request(method, path, body, user=...) -> (status, raw body)
+    client.submit(script, job, user=...) -> job id   client.cancel(id)   client.ping()   client.reservations()
+    client.request(method, path, body, user=...) -> (status, raw body)
 """
 
 import base64
@@ -20,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from ..work import PermanentBackendError, TransientBackendError
-from .client import jobs_from, nodes_from
+from .parse import jobs_from, nodes_from
 
 API = "/slurm/v0.0.38"
 SERVICE_USER = "root"  # what the console's own calls run as in Slurm
@@ -73,8 +74,11 @@ class SlurmRest:
         except (OSError, ValueError) as exc:
             raise TransientBackendError(f"slurmrestd is not answering: {exc}") from None
 
-    def call(self, method, path, body=None, user=SERVICE_USER, what=None):
-        """The JSON answer of a request that must succeed; Slurm's "errors" become an exception."""
+    def call(self, method, path, body=None, user=SERVICE_USER, what=None, queued_ok=False):
+        """The JSON answer of a request that must succeed; Slurm's "errors" become an exception. With
+        `queued_ok`, a submit that got a job id succeeded whatever its "errors" say: they are why the
+        job cannot start yet (e.g. 2068 "Required node not available" for a held node), and the job
+        waits in the queue, as it does after sbatch."""
         status, raw = self.request(method, path, body, user=user)
         what = what or f"{method} {path}"
         try:
@@ -82,6 +86,8 @@ class SlurmRest:
         except ValueError:
             raise TransientBackendError(f"{what}: slurmrestd answered {status} with no JSON") from None
         errors = (data.get("errors") or []) if isinstance(data, dict) else []
+        if queued_ok and status < 400 and isinstance(data, dict) and data.get("job_id"):
+            return data
         if status >= 400 or errors:
             first = errors[0] if errors else {}
             detail = first.get("description") or first.get("error") or f"HTTP {status}"
@@ -101,6 +107,26 @@ class SlurmRest:
         if status >= 400:
             return None  # Slurm has forgotten the job (older than MinJobAge)
         return next((job for job in jobs_from(json.loads(raw or b"{}")) if job.job_id == int(job_id)), None)
+
+    def ping(self):
+        """Whether slurmrestd answers and its slurmctld is up."""
+        try:
+            pings = self.call("GET", f"{API}/ping", what="slurmrestd ping").get("pings") or []
+        except TransientBackendError:
+            return False
+        return any(str(p.get("ping", "")).upper() == "UP" for p in pings)
+
+    def reservations(self):
+        """{name: node list} of the reservations Slurm has now."""
+        data = self.call("GET", f"{API}/reservations", what="slurmrestd reservations")
+        return {r["name"]: r.get("node_list", "") for r in data.get("reservations") or []}
+
+    def submit(self, script, job, user=SERVICE_USER):
+        """Submit `script` with `job` (slurmrestd's job properties, see batch.py) as `user`; the job id."""
+        data = self.call(
+            "POST", f"{API}/job/submit", {"script": script, "job": job}, user=user, what="sbatch", queued_ok=True
+        )
+        return int(data["job_id"])
 
     def cancel(self, job_id, user=SERVICE_USER):
         self.call("DELETE", f"{API}/job/{int(job_id)}", user=user, what=f"scancel {int(job_id)}")

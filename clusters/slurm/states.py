@@ -83,6 +83,7 @@ class NodeStatus:
     partitions: list = field(default_factory=list)
     cpus: int = 0
     memory_mb: int = 0
+    slurmd_start_time: int = 0  # when the node's current slurmd registered (0: never)
 
     @property
     def display_state(self):

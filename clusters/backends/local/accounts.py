@@ -43,15 +43,6 @@ def ensure(account, home):
     home.chmod(0o2770)  # the project's members write here; nobody else reads
 
 
-def hand_over(folder, account):
-    """The folder (a run's) and what is in it become the account's, writable by it alone and
-    readable by its project's group."""
-    uid, gid = pwd.getpwnam(account.name).pw_uid, grp.getgrnam(account.group).gr_gid
-    for path in (folder, *folder.rglob("*")):
-        os.chown(path, uid, gid, follow_symlinks=False)
-    folder.chmod(0o2750)
-
-
 def remove(prefix):
     """Every account and group whose name starts with `prefix` (the tests' clean-up)."""
     for user in pwd.getpwall():

@@ -3,11 +3,12 @@
 Each cluster gets its own munged (own key and socket), its own slurmctld and one `slurmd -N <node>`
 per compute node, all on their own ports, with slurm.conf, state, spool and logs under
 LOCAL_CLUSTERS_DIR/c<cluster id>. The login node is this machine itself: `SLURM_CONF=<dir>/slurm.conf`
-makes sinfo, sbatch and squeue talk to the cluster.
+makes sinfo, sbatch and squeue talk to the cluster. Its slurmrestd and cluster agent run here too, and
+the console reaches this cluster through them exactly as it reaches a gce one (backends/base.py).
 
 The work lives in the modules beside this one, one seam each: paths (the folder and its secrets),
-conf (slurm.conf, node shapes), ports, daemons (start, stop, wait) and remediation (drain, reboot,
-holds); this class maps the backend contract onto them.
+conf (slurm.conf, node shapes), ports, daemons (start, stop, wait) and remediation (reboot, faults);
+this class maps the backend contract onto them.
 """
 
 import shutil
@@ -15,7 +16,6 @@ import shutil
 from django.conf import settings
 
 from ...choices import NodeState
-from ...slurm.client import run_client
 from ...spec import pool_node_count
 from ..base import AgentEndpoint, Backend, Finding, SlurmEndpoint, Step
 from . import accounts, conf, daemons, ports, preflight, remediation
@@ -87,30 +87,37 @@ class LocalBackend(Backend):
         steps += [
             Step(f"Stop slurmd on {n.name}", lambda ctx, n=n: daemons.stop_slurmd(paths, n.name)) for n in leaving
         ]
+        # slurmrestd and the agent come up before slurmctld: every later step reaches Slurm through
+        # them, as the console does (and as on gce, where the controller's startup script starts them).
         steps += [
             Step("Write slurm.conf", lambda ctx: conf.write(cluster, paths, wanted)),
-            Step("Start slurmctld", lambda ctx: daemons.start_slurmctld(cluster, paths)),
+            Step("Start slurmrestd", lambda ctx: daemons.start_slurmrestd(cluster, paths)),
+            Step("Start the cluster agent", lambda ctx: daemons.start_agent(cluster, paths)),
+            Step("Start slurmctld", lambda ctx: daemons.start_slurmctld(cluster, paths, self.slurm(cluster))),
         ]
         if hold and new:
             # Before their slurmd starts: no user job can land on a node between registering and its scan.
             steps.append(
-                Step("Hold the new nodes for their first health scan", lambda ctx: remediation.hold(paths, hold, new))
+                Step("Hold the new nodes for their first health scan", lambda ctx: self.hold(cluster, hold, new))
             )
         steps += [
             Step(f"Start slurmd on {name}", lambda ctx, name=name: daemons.start_slurmd(cluster, paths, name))
             for name in names
         ]
         steps += [
-            Step("Reconfigure running nodes", lambda ctx: daemons.reconfigure(cluster, paths, names)),
-            Step("Wait for nodes to register idle", lambda ctx: daemons.wait_idle(paths, names)),
-            Step("Start slurmrestd", lambda ctx: daemons.start_slurmrestd(cluster, paths)),
-            Step("Start the cluster agent", lambda ctx: daemons.start_agent(cluster, paths)),
+            Step(
+                "Reconfigure running nodes", lambda ctx: daemons.reconfigure(cluster, paths, names, self.agent(cluster))
+            ),
+            Step("Wait for nodes to register idle", lambda ctx: daemons.wait_idle(self.slurm(cluster), names)),
         ]
         return steps
 
     def delete_steps(self, cluster):
         paths = paths_for(cluster)
-        steps = [Step(f"Stop {what}", lambda ctx, stop=stop: stop()) for what, stop in daemons.stop_all(paths)]
+        steps = [
+            Step(f"Stop {what}", lambda ctx, stop=stop: stop())
+            for what, stop in daemons.stop_all(paths, lambda: self.slurm(cluster))
+        ]
         return [*steps, Step("Remove the cluster directory", lambda ctx: shutil.rmtree(paths.root, ignore_errors=True))]
 
     def preflight(self, project, spec):
@@ -140,44 +147,22 @@ class LocalBackend(Backend):
     def login_env(self, cluster):
         return {"SLURM_CONF": str(paths_for(cluster).conf)}
 
-    def submit_batch(self, cluster, script_path, account=None):
-        paths = paths_for(cluster)
-        if account is not None:
-            accounts.hand_over(script_path.parent, account)
-        result = run_client(
-            paths.conf, "sbatch", "--parsable", str(script_path), timeout=30, cwd=script_path.parent,
-            user=account.name if account is not None else None,
-        )  # fmt: skip
-        return int(result.stdout.strip().split(";")[0])
-
     def ensure_account(self, cluster, account):
         accounts.ensure(account, paths_for(cluster).jobs)
 
     # -- remediation --------------------------------------------------------------------------
 
-    def drain(self, cluster, node, reason):
-        remediation.drain(paths_for(cluster), node, reason)
-
-    def resume(self, cluster, node):
-        remediation.resume(paths_for(cluster), node)
-
     def kill_node(self, cluster, node):
         remediation.kill_node(paths_for(cluster), node)
 
     def reboot(self, cluster, node):
-        remediation.reboot(cluster, paths_for(cluster), node)
+        remediation.reboot(cluster, paths_for(cluster), node, self.slurm(cluster), self.agent(cluster))
 
     def reinstall(self, cluster, node):
-        remediation.reboot(cluster, paths_for(cluster), node, wipe=True)
+        remediation.reboot(cluster, paths_for(cluster), node, self.slurm(cluster), self.agent(cluster), wipe=True)
 
     def clean_scratch(self, cluster, node):
         remediation.clean_scratch(paths_for(cluster), node)
-
-    def hold(self, cluster, name, nodes):
-        remediation.hold(paths_for(cluster), name, nodes)
-
-    def release(self, cluster, name):
-        remediation.release(paths_for(cluster), name)
 
     def faults_dir(self, cluster):
         return paths_for(cluster).faults

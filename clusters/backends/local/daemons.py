@@ -1,7 +1,9 @@
-"""A local cluster's daemons: its munged, slurmctld, one slurmd per node and slurmrestd.
+"""A local cluster's daemons: its munged, slurmctld, one slurmd per node, slurmrestd and the agent.
 
 Processes are found by their command line (the conf path and `-N <node>`), so a rerun of any step
-never starts a second daemon. Every wait is a heartbeat of the step it runs in.
+never starts a second daemon. Every wait is a heartbeat of the step it runs in. What these steps ask
+Slurm goes through the cluster's slurmrestd (`slurm`) and agent (`agent`), as the console's own
+calls do: no Slurm client program runs here.
 """
 
 import os
@@ -12,8 +14,7 @@ import time
 from django.conf import settings
 
 from ... import processes
-from ...slurm.client import parse_sinfo, run_client, scontrol_fields
-from ...work import TransientBackendError, heartbeat
+from ...work import BackendError, TransientBackendError, heartbeat
 from ..base import Backend
 from . import conf
 from .ports import port_answers
@@ -38,8 +39,9 @@ def start_munged(paths):
         raise TransientBackendError(f"munged did not start: {result.stderr.strip() or 'no socket after 10 s'}")
 
 
-def start_slurmctld(cluster, paths):
-    """Start slurmctld, or restart it if it runs with an older node list (Slurm 22.05 needs that)."""
+def start_slurmctld(cluster, paths, slurm):
+    """Start slurmctld, or restart it if it runs with an older node list (Slurm 22.05 needs that);
+    it is up when slurmrestd's ping says so."""
     digest = conf.digest(paths)
     running = processes.find_pids("slurmctld", str(paths.conf))
     if running and cluster.backend_state.get("slurmctld_conf") == digest:
@@ -49,14 +51,9 @@ def start_slurmctld(cluster, paths):
     result = processes.start_daemon([processes.program("slurmctld"), "-f", str(paths.conf)], cwd=paths.root)
     if result.returncode != 0:
         raise TransientBackendError(f"slurmctld failed to start: {result.stderr.strip()}")
-    if not processes.wait_for(lambda: controller_up(paths), timeout=30, interval=0.2, waiting_for="slurmctld"):
+    if not processes.wait_for(slurm.ping, timeout=30, interval=0.2, waiting_for="slurmctld"):
         raise TransientBackendError(f"slurmctld is not answering; see {paths.logs / 'slurmctld.log'}")
     Backend.save_state(cluster, slurmctld_conf=digest)
-
-
-def controller_up(paths):
-    result = run_client(paths.conf, "scontrol", "ping", timeout=5, check=False)
-    return "UP" in result.stdout
 
 
 def start_slurmd(cluster, paths, node):
@@ -76,15 +73,16 @@ def stop_slurmd(paths, node):
     processes.stop(processes.find_pids("slurmd", str(paths.conf), node))
 
 
-def cancel_jobs(paths):
+def cancel_jobs(slurm):
     """Cancel every job of the cluster while slurmctld still runs (a job's processes outlive a slurmd
-    stopped under them); nothing to do when the controller is already gone."""
-    if not paths.conf.exists() or not controller_up(paths):
+    stopped under them); nothing to do when slurmrestd or the controller is already gone."""
+    try:
+        rest = slurm()
+        for job in rest.jobs():
+            if job.is_active:
+                rest.cancel(job.job_id)
+    except BackendError:
         return
-    listed = run_client(paths.conf, "squeue", "--noheader", "--format=%i", timeout=15, check=False)
-    ids = listed.stdout.split()
-    if ids:
-        run_client(paths.conf, "scancel", *ids, timeout=30, check=False)
 
 
 def leftovers(paths):
@@ -113,7 +111,8 @@ def start_agent(cluster, paths):
 
     port = cluster.backend_state["ports"]["agent"]
     argv = [sys.executable, server.__file__, "--home", str(paths.jobs), "--key-file", str(paths.agent_key),
-            "--listen", f"127.0.0.1:{port}", "--tensorboard-python", sys.executable]  # fmt: skip
+            "--listen", f"127.0.0.1:{port}", "--tensorboard-python", sys.executable,
+            "--slurm-conf", str(paths.conf)]  # fmt: skip
     running = agent_processes(paths)
     if running and all(line == argv for line in running.values()):
         return
@@ -135,11 +134,11 @@ def replace_server(what, running, port, argv, paths, log_name, env):
         raise TransientBackendError(f"{what} did not start; see {paths.logs / log_name}")
 
 
-def stop_all(paths):
+def stop_all(paths, slurm):
     """The delete steps' work, in order: the jobs, the agent, slurmrestd, every slurmd, slurmctld,
     munged, then anything of the cluster still running (job steps, TensorBoard)."""
     return [
-        ("every job", lambda: cancel_jobs(paths)),
+        ("every job", lambda: cancel_jobs(slurm)),
         ("the cluster agent", lambda: processes.stop(sorted(agent_processes(paths)))),
         ("slurmrestd", lambda: processes.stop(processes.find_pids("slurmrestd", str(paths.conf)))),
         ("slurmd on every node", lambda: processes.stop(processes.find_pids("slurmd", str(paths.conf)))),
@@ -149,21 +148,21 @@ def stop_all(paths):
     ]
 
 
-def reconfigure(cluster, paths, names):
+def reconfigure(cluster, paths, names, agent):
     """Make slurmds started with an older slurm.conf read the new one."""
     digest = conf.digest(paths)
     started = {n: d for n, d in cluster.backend_state.get("slurmd_conf", {}).items() if n in names}
     if all(value == digest for value in started.values()):
         return
-    run_client(paths.conf, "scontrol", "reconfigure", timeout=30)
+    agent.slurm("reconfigure")
     Backend.save_state(cluster, slurmd_conf=dict.fromkeys(started, digest))
 
 
-def wait_idle(paths, names):
+def wait_idle(slurm, names):
     """Wait until every node in `names` is up in Slurm (registered, answering)."""
 
     def not_ready():
-        statuses = {s.name: s for s in parse_sinfo(run_client(paths.conf, "sinfo", "--json").stdout)}
+        statuses = {s.name: s for s in slurm.nodes()}
         return {
             name: statuses[name].display_state if name in statuses else "missing"
             for name in names
@@ -183,16 +182,17 @@ def wait_idle(paths, names):
         )
 
 
-def node_fields(paths, node):
-    return scontrol_fields(paths.conf, "node", node)
+def node_status(slurm, node):
+    return next((status for status in slurm.nodes() if status.name == node), None)
 
 
-def slurmd_start_time(paths, node):
-    """When the node's current slurmd registered (scontrol's SlurmdStartTime), or "None"."""
-    return node_fields(paths, node).get("SlurmdStartTime", "None")
+def slurmd_start_time(slurm, node):
+    """When the node's current slurmd registered (Unix time; 0 when it never has)."""
+    status = node_status(slurm, node)
+    return status.slurmd_start_time if status else 0
 
 
-def wait_registered(paths, node, before, steady=1.5):
+def wait_registered(slurm, node, before, steady=1.5):
     """Wait until a new slurmd (registered after `before`) has answered for `steady` seconds: just
     after registering, the controller may still flag the node NOT_RESPONDING for a moment (measured:
     set within 0.4 s of the restart, cleared by 0.9 s), and a job sent then would fail."""
@@ -200,9 +200,8 @@ def wait_registered(paths, node, before, steady=1.5):
 
     def registered():
         nonlocal since
-        fields = node_fields(paths, node)
-        started = fields.get("SlurmdStartTime", "None")
-        if started in ("None", before) or "NOT_RESPONDING" in fields.get("State", ""):
+        status = node_status(slurm, node)
+        if status is None or status.slurmd_start_time in (0, before) or "NOT_RESPONDING" in status.flags:
             since = None
             return False
         since = since or time.monotonic()
