@@ -7,7 +7,6 @@ Never pruned: the latest health result of each node and check (its `latest` flag
 still holds one, an active operation, a job that may still run.
 """
 
-import shutil
 from datetime import timedelta
 
 from django.conf import settings
@@ -45,21 +44,17 @@ def prune(now=None):
 
 
 def prune_scan_folders(now):
-    """Scan folders (<shared dir>/scans/<operation>) older than SCAN_FOLDERS_KEEP_DAYS, on clusters
-    whose shared storage the console reaches."""
+    """Scan folders (<shared home>/scans/<operation>) older than SCAN_FOLDERS_KEEP_DAYS, removed by
+    each cluster's agent."""
     from console.errors import ConsoleError
 
-    from .services import shared_dir
+    from .services import prune_files
 
     limit = cutoff(settings.SCAN_FOLDERS_KEEP_DAYS, now).timestamp()
     removed = 0
     for cluster in Cluster.objects.filter(status__in=ClusterStatus.watched()):
         try:
-            scans = shared_dir(cluster) / "scans"
+            removed += prune_files(cluster, "scans", limit)
         except ConsoleError:
-            continue  # no shared storage the console reaches (gce for now), or the cluster is away
-        for folder in scans.iterdir() if scans.is_dir() else ():
-            if folder.is_dir() and folder.stat().st_mtime < limit:
-                shutil.rmtree(folder, ignore_errors=True)
-                removed += 1
+            continue  # the cluster's agent is away: next time
     return removed

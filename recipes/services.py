@@ -12,7 +12,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -165,7 +164,7 @@ def result_of(run):
     return json.loads(clusters.read_file(run.cluster, in_run(run, "result.json")))
 
 
-def resolve_config(launch, work_dir):
+def resolve_config(launch, work_dir, runtime):
     recipe, profile = launch["recipe"], launch["profile"]
     config = {
         "recipe": recipe["id"],
@@ -187,7 +186,7 @@ def resolve_config(launch, work_dir):
         "log_every": 10,
     }
     if recipe["kind"] in ("sft", "rl"):
-        config["dataset"] = str(Path(settings.BASE_DIR) / recipe["dataset"])
+        config["dataset"] = f"{runtime.folder}/{recipe['dataset']}"  # shipped with the nodes' runtime
     if launch["init_from"] is not None:
         # Continued pretraining carries on the step count: it trains `steps` more after the saved step.
         checkpoint, saved = latest_checkpoint(launch["init_from"])
@@ -195,9 +194,10 @@ def resolve_config(launch, work_dir):
     return config
 
 
-def render_script(run_name, launch, work_dir):
-    """The sbatch script: one task per node, requeued on node failure, output appended across requeues."""
-    python = shlex.quote(sys.executable)
+def render_script(run_name, launch, work_dir, runtime):
+    """The sbatch script: one task per node, requeued on node failure, output appended across requeues;
+    it starts the console's training entry point from the runtime in the cluster's home."""
+    python = shlex.quote(runtime.python)
     cache = shlex.quote(str(work_dir / ".cache"))
     return "\n".join(
         [
@@ -212,7 +212,7 @@ def render_script(run_name, launch, work_dir):
             "set -euo pipefail",
             # The job runs as its user's account: caches go in the run's folder, not a home it may lack.
             f"export XDG_CACHE_HOME={cache} HF_HOME={cache}/huggingface",
-            f"cd {shlex.quote(str(settings.BASE_DIR))}",
+            f"cd {shlex.quote(runtime.folder)}",
             f"srun {python} -m recipes.train {shlex.quote(str(work_dir / 'config.json'))}",
             "",
         ]
@@ -224,9 +224,10 @@ def preview(cluster, data):
     launch = validate_launch(cluster, data)
     try:
         work_dir = run_dir(cluster, "<run-id>")
+        runtime = clusters.node_runtime(cluster, installed=False)
     except ConsoleError as exc:
         raise FieldErrors({"cluster": [exc.message]}) from None
-    return launch, render_script(f"{launch['recipe']['id']}", launch, work_dir)
+    return launch, render_script(f"{launch['recipe']['id']}", launch, work_dir, runtime)
 
 
 def run_dir(cluster, run_id):
@@ -270,8 +271,14 @@ def launch_run(*, cluster, data, user=None):
     except ConsoleError as exc:
         raise FieldErrors({"cluster": [exc.message]}) from None
     run.work_dir = str(work_dir)
-    run.config = resolve_config(launch, work_dir)
-    run.script = render_script(f"{launch['recipe']['id']}-{str(run.uuid)[:8]}", launch, work_dir)
+    try:
+        runtime = clusters.node_runtime(cluster)
+    except ConsoleError as exc:
+        raise FieldErrors(
+            {"cluster": [f"could not install the console's code on the cluster: {exc.message}"]}
+        ) from None
+    run.config = resolve_config(launch, work_dir, runtime)
+    run.script = render_script(f"{launch['recipe']['id']}-{str(run.uuid)[:8]}", launch, work_dir, runtime)
     try:
         clusters.write_file(cluster, in_run(run, "config.json"), json.dumps(run.config, indent=2))
         clusters.write_file(cluster, in_run(run, "job.sbatch"), run.script)

@@ -252,20 +252,68 @@ def slurm_only_when_marked(request):
         pytest.fail(f"{request.node.nodeid} started Slurm daemons but is not marked slurm: ask for the `slurm` fixture")
 
 
+def gce_spec(cpu=2):
+    """The shipped example on the gce backend, as the booting fake runs it: the console makes the VPC and
+    a Filestore /home, and the workers are n2-standard-2 (2 vCPUs: what this machine gives each VM)."""
+    spec = example_spec(cpu=cpu)
+    spec["node_pools"][1]["machine_spec"]["machine_type"] = "n2-standard-2"
+    spec["console"] = {
+        "backend": "gce",
+        "network": {"create": True, "mtu": 1460, "subnet_range": "10.0.0.0/16",
+                    "private_services_range": "10.100.0.0/20"},
+        "storage": {"filestore_home": {"tier": "ZONAL", "capacity_gb": 1024}},
+    }  # fmt: skip
+    return spec
+
+
+@pytest.fixture(scope="module")
+def booted_cloud(tmp_path_factory, slurm):
+    """A fake Google Cloud whose instances boot (tests/fake_vms.py: the startup script runs Slurm in
+    each VM), for this module. Its settings are in this process's Django settings and in the
+    environment, so the Celery workers the module starts reach it too."""
+    from django.test import override_settings
+
+    from .fake_compute import FakeGoogleCloud
+
+    cloud = FakeGoogleCloud(boot=True, root=tmp_path_factory.mktemp("cloud")).start()
+    values = cloud.settings()
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update({name: str(value) for name, value in values.items()})
+    try:
+        with override_settings(**values):
+            yield cloud
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        cloud.stop()
+
+
+BACKENDS = ["local", "gce"]  # what a module's shared cluster is parametrised over
+
+
 @contextmanager
-def module_cluster(django_db_blocker, *, username, project_slug, cluster_name="train", cpu=2):
-    """A READY local cluster shared by a test module, committed outside the tests' transactions."""
+def module_cluster(
+    django_db_blocker, *, username, project_slug, cluster_name="train", cpu=2, request=None, backend=None
+):
+    """A READY cluster shared by a test module, committed outside the tests' transactions: local, or,
+    when the module's fixture is parametrised with "gce" (`request.param`), on booted fake VMs."""
     from django.contrib.auth import get_user_model
 
     from clusters import services
 
+    backend = backend or getattr(request, "param", "local")
+    if backend == "gce":
+        request.getfixturevalue("booted_cloud")
     with django_db_blocker.unblock():
         owner = get_user_model().objects.create_user(username, f"{username}@example.com", f"{username}-password")
-        project = Project.objects.create(slug=project_slug, name=project_slug)
+        project = Project.objects.create(slug=project_slug, name=project_slug, gcp_project_id="tcc-test")
         project.members.add(owner, through_defaults={"role": Role.ADMIN})
     try:  # a cluster that fails to come up is stopped too, so the next module starts clean
         with django_db_blocker.unblock():
-            spec = example_spec(cpu=cpu)
+            spec = gce_spec(cpu=cpu) if backend == "gce" else example_spec(cpu=cpu)
             operation = services.create_cluster(project=project, name=cluster_name, spec=spec, user=owner)
             engine.run(operation.pk)
             cluster = Cluster.objects.get(pk=operation.cluster_id)
@@ -289,9 +337,20 @@ def stop_local_clusters():
     }
     processes.stop(sorted(doomed))
     shutil.rmtree(root, ignore_errors=True)
-    from clusters.backends.local import accounts
+    remove_accounts(settings.POSIX_ACCOUNT_PREFIX)  # the users' accounts the tests made
 
-    accounts.remove(settings.POSIX_ACCOUNT_PREFIX)  # the users' accounts the tests made
+
+def remove_accounts(prefix):
+    """Every account and group whose name starts with `prefix` (the cluster agents made them)."""
+    import grp
+    import pwd
+
+    for user in pwd.getpwall():
+        if user.pw_name.startswith(prefix):
+            subprocess.run(["userdel", user.pw_name], capture_output=True, check=False)
+    for group in grp.getgrall():
+        if group.gr_name.startswith(prefix):
+            subprocess.run(["groupdel", group.gr_name], capture_output=True, check=False)
 
 
 def wait_until(predicate, timeout=60, interval=0.2, message="condition"):

@@ -59,7 +59,7 @@ def test_it_reads_tails_lists_and_writes_inside_the_home(agent):
     assert client.tail("runs/7/slurm-12.out", lines=2) == "line 98\nline 99"
     assert client.read("runs/7/slurm-12.out", offset=7, limit=7) == b"line 1\n"
     assert client.read("runs/7/slurm-12.out", offset=10**6) == b""
-    assert client.stat("runs/7/config.json") == {"exists": True, "size": 13, "is_dir": False}
+    assert client.stat("runs/7/config.json") == {"exists": True, "size": 13, "is_dir": False, "owner": "root"}
     assert client.stat("runs/7/missing.json")["exists"] is False
     with pytest.raises(AgentRefused) as missing:
         client.read("runs/7/missing.json")
@@ -173,3 +173,49 @@ def test_a_folder_is_handed_to_an_account_but_never_the_home_or_to_root(agent):
         assert (path.stat().st_uid, path.stat().st_gid) == (nobody.pw_uid, nobody.pw_gid)
     assert oct((home / "runs/8").stat().st_mode & 0o7777) == "0o2750"
     assert home.stat().st_uid == 0
+
+
+def test_mallory_makes_no_account_outside_the_consoles_prefix_and_the_console_makes_its_own(agent):
+    import grp
+
+    client, home, _root = agent
+    for user, group in [("root", "tcc-p-x"), ("tcc-m", "root"), ("daemon", "daemon"), ("tcc-../x", "tcc-p")]:
+        with pytest.raises(AgentRefused, match="must be an account name starting with tcc-") as refused:
+            client.account(user, group)
+        assert refused.value.status == 400
+    try:
+        assert client.account("tcc-agent-test-1", "tcc-p-agent-test-1") == {
+            "user": "tcc-agent-test-1",
+            "group": "tcc-p-agent-test-1",
+        }
+        client.account("tcc-agent-test-1", "tcc-p-agent-test-1")  # again: nothing to do
+        group = grp.getgrnam("tcc-p-agent-test-1")
+        assert pwd.getpwnam("tcc-agent-test-1").pw_gid == group.gr_gid
+        assert (home.stat().st_gid, oct(home.stat().st_mode & 0o7777)) == (group.gr_gid, "0o2770")
+        client.write("runs/9/x.txt", b"x")
+        client.own("runs/9", "tcc-agent-test-1", "tcc-p-agent-test-1")
+        assert client.stat("runs/9/x.txt")["owner"] == "tcc-agent-test-1"
+    finally:
+        subprocess.run(["userdel", "tcc-agent-test-1"], capture_output=True)
+        subprocess.run(["groupdel", "tcc-p-agent-test-1"], capture_output=True)
+
+
+def test_it_prunes_old_entries_of_a_folder_below_the_home_and_nothing_else(agent):
+    import os
+    import time
+
+    client, home, _root = agent
+    for name in ("old", "new"):
+        client.write(f"scans/{name}/result.json", b"{}")
+    client.write("scans/old-file.txt", b"x")
+    an_hour_ago = time.time() - 3600
+    for path in (home / "scans/old", home / "scans/old-file.txt"):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    assert client.prune("scans", older_than=time.time() - 60) == 2
+    assert sorted(p.name for p in (home / "scans").iterdir()) == ["new"]
+    assert client.prune("no-such-folder", older_than=time.time()) == 0
+    with pytest.raises(AgentRefused, match="a folder below"):
+        client.prune(".", older_than=time.time())
+    with pytest.raises(AgentRefused):
+        client.prune("../", older_than=time.time())
+    assert (home / "scans/new/result.json").exists()

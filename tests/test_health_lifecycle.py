@@ -80,11 +80,20 @@ def test_a_new_cluster_is_ready_only_once_its_first_scan_passes(cluster):
 
 
 def test_a_failed_first_scan_keeps_the_cluster_verifying_until_the_node_is_replaced(
-    rosa, cluster, settings, own_clusters
+    rosa, cluster, settings, own_clusters, monkeypatch
 ):
     settings.AUTO_REPAIR = True
     create = services.create_cluster(project=cluster.project, name="fresh", spec=example_spec(), user=rosa)
-    faults.inject(create.cluster, "cpu-1", "perturb")  # wrong results from the very start
+
+    def broken_from_the_start(ctx):
+        # Wrong results from the very start: the fault file is in place (through the new cluster's
+        # agent) before the first scan is sent.
+        if ctx.operation.pk == create.pk:
+            faults.inject(Cluster.objects.get(pk=create.cluster_id), "cpu-1", "perturb")
+        return real_submit(ctx)
+
+    real_submit = scans.submit
+    monkeypatch.setattr(scans, "submit", broken_from_the_start)
     run(create)
     fresh = Cluster.objects.get(pk=create.cluster_id)
     assert fresh.status == ClusterStatus.VERIFYING
@@ -116,9 +125,10 @@ def test_a_node_added_by_a_resize_takes_no_job_before_its_first_scan_passes(
     def submit_beside_a_user_job(operation):
         # The moment the new node is up and before its scan: rosa's job asks for that node.
         if not pinned:
-            script = Path(backend.shared_dir(grow)) / "pinned.sbatch"
-            script.write_text("#!/bin/bash\n#SBATCH --nodelist=cpu-2\n#SBATCH --output=/dev/null\nhostname\n")
-            pinned["id"] = backend.submit_batch(grow, script.name)
+            services.write_file(
+                grow, "pinned.sbatch", "#!/bin/bash\n#SBATCH --nodelist=cpu-2\n#SBATCH --output=/dev/null\nhostname\n"
+            )
+            pinned["id"] = backend.submit_batch(grow, "pinned.sbatch")
         return real_submit(operation)
 
     real_submit = scans.submit

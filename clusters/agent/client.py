@@ -7,6 +7,8 @@ agent.tail("runs/7/slurm-12.out", lines=40) -> str
 agent.list("runs/7", "slurm-*.out") -> [names]
 agent.write("runs/7/config.json", b"...", mode=0o640)
 agent.own("runs/7", "tcc-alice", "tcc-p-lab")     # the run's folder becomes the user's
+agent.prune("scans", older_than=1767225600)        # entries of the folder older than that go
+agent.account("tcc-alice-3", "tcc-p-lab-1")          # the user's account, in the group owning the home
 agent.slurm("drain", node="cpu-1", reason="...")  # drain, down, resume, reconfigure, hold, release
 """
 
@@ -81,6 +83,13 @@ class AgentClient:
 
     def own(self, path, user, group=None):
         return self.call("own", path=path, user=user, **({"group": group} if group else {}))
+
+    def prune(self, path, older_than):
+        """Remove the folder's entries last changed before `older_than` (Unix time); how many went."""
+        return self.call("prune", path=path, older_than=int(older_than))["removed"]
+
+    def account(self, user, group):
+        return self.call("account", user=user, group=group)
 
     def slurm(self, action, **arguments):
         """One of the Slurm actions slurmrestd 0.0.38 lacks, run by the agent beside slurmctld."""

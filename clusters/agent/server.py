@@ -6,12 +6,14 @@ Every request is `POST /v1/<operation>` with a JSON object and `Authorization: B
 of the cluster's agent key file, compared in constant time). Operations, all on paths RELATIVE to the cluster's
 shared home and resolved inside it (no absolute paths, no `..`, no NUL, and no symlink that leads out):
 
-    stat  {path}                         -> {exists, size, is_dir}
+    stat  {path}                         -> {exists, size, is_dir, owner}
     read  {path, offset=0, limit=1 MiB}  -> {data (base64), offset, size}      whole lines not promised
     tail  {path, lines=40}               -> {text}                             the last lines (UTF-8, replaced)
     list  {path, pattern="*"}            -> {names}                            sorted, at most 1,000
     write {path, data (base64), mode}    -> {size}                             atomic; parents made; 4 MiB at most
     own   {path, user, group?}           -> {owner, group}                     a run's folder becomes a user's
+    prune {path, older_than}             -> {removed}                          entries of a folder older than a time
+    account {user, group}                -> {user, group}                      a user's account in its project group
     tensorboard {action: start|stop, path_prefix}  -> {port, host}            TensorBoard over <home>/runs
     slurm {action, node?, reason?, name?, nodes?}  -> {done, ...}             what slurmrestd 0.0.38 cannot do
 
@@ -21,8 +23,10 @@ IGNORE_JOBS) and release (delete it; done when it is already gone). The agent fi
 slurm.conf as scontrol does (--slurm-conf or $SLURM_CONF, else /etc/slurm/slurm.conf).
 
 Anything else is 404, a bad key 401, a bad argument 400 with {"error": ...}. The one program the agent
-starts is TensorBoard (with --tensorboard-python), on the home's runs folder, bound to 127.0.0.1 with
-a path prefix the console chooses (checked); it never reads outside the home.
+starts is TensorBoard (with --tensorboard-python), on the home's runs folder, bound to
+--tensorboard-host (127.0.0.1; a gce controller's internal address, which the console reaches) with
+a path prefix the console chooses (checked); it never reads outside the home. `account` makes or
+joins only accounts and groups named with --account-prefix, never the machine's own.
 """
 
 import argparse
@@ -90,8 +94,13 @@ def number(body, key, default, low, high):
 def op_stat(home, body):
     real = home.resolve(body.get("path"), must_exist=False)
     if not os.path.exists(real):
-        return {"exists": False, "size": 0, "is_dir": False}
-    return {"exists": True, "size": os.path.getsize(real), "is_dir": os.path.isdir(real)}
+        return {"exists": False, "size": 0, "is_dir": False, "owner": ""}
+    found = os.stat(real)
+    try:
+        owner = pwd.getpwuid(found.st_uid).pw_name
+    except KeyError:
+        owner = str(found.st_uid)
+    return {"exists": True, "size": found.st_size, "is_dir": os.path.isdir(real), "owner": owner}
 
 
 def op_read(home, body):
@@ -155,6 +164,26 @@ def op_write(home, body):
     return {"size": len(data)}
 
 
+def op_prune(home, body):
+    """Remove the entries directly in the folder (a folder below the home, never the home) whose
+    modification time is before `older_than` (Unix seconds): the retention of old scan folders."""
+    real = home.resolve(body.get("path"), must_exist=False)
+    older_than = number(body, "older_than", 0, 0, 1 << 40)
+    if real == home.root:
+        raise bad("path must be a folder below the cluster's home")
+    if not os.path.isdir(real):
+        return {"removed": 0}
+    removed = 0
+    for entry in os.scandir(real):
+        if entry.stat(follow_symlinks=False).st_mtime < older_than:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+            removed += 1
+    return {"removed": removed}
+
+
 def op_own(home, body):
     """The folder (a run's, below the home) and what is in it become `user`'s and `group`'s (a
     project's group the user is in; default the user's own), writable by the user alone; the home
@@ -177,6 +206,49 @@ def op_own(home, body):
             os.chown(name, account.pw_uid, team.gr_gid, follow_symlinks=False)
     os.chmod(real, 0o2750)
     return {"owner": account.pw_name, "group": team.gr_name}
+
+
+ACCOUNT = re.compile(r"[a-z][a-z0-9_-]{0,31}\Z")
+ACCOUNTS = {"prefix": "tcc-"}  # --account-prefix: the only accounts and groups the agent makes or changes
+
+
+def run_checked(*command):
+    """Run a shadow-utils command (no shell; they live in sbin); refused (502) when it fails."""
+    program = shutil.which(command[0], path="/usr/sbin:/usr/bin:/sbin:/bin")
+    if program is None:
+        raise Refused(HTTPStatus.CONFLICT, f"{command[0]} is not installed beside this agent")
+    result = subprocess.run([program, *command[1:]], capture_output=True, text=True, timeout=30,
+                            stdin=subprocess.DEVNULL)  # fmt: skip
+    if result.returncode != 0:
+        raise Refused(HTTPStatus.BAD_GATEWAY, f"{command[0]}: {(result.stderr or result.stdout).strip()[-300:]}")
+
+
+def op_account(home, body):
+    """The user's account (no login shell, no home of its own) in its project's group, which owns the
+    shared home (2770), as on a local cluster (clusters/backends/local/accounts.py). Only names with the
+    console's prefix: the agent never touches the machine's own accounts."""
+    user, group = body.get("user"), body.get("group")
+    for what, name in (("user", user), ("group", group)):
+        prefix = ACCOUNTS["prefix"]
+        if not isinstance(name, str) or not ACCOUNT.match(name) or not name.startswith(prefix):
+            raise bad(f"{what} must be an account name starting with {prefix}")
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        run_checked("groupadd", "--system", group)
+    try:
+        account = pwd.getpwnam(user)
+    except KeyError:
+        run_checked("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--gid", group,
+                    "--home-dir", home.root, user)  # fmt: skip
+        account = pwd.getpwnam(user)
+    team = grp.getgrnam(group)
+    if account.pw_gid != team.gr_gid and user not in team.gr_mem:
+        run_checked("usermod", "--append", "--groups", group, user)
+    if os.stat(home.root).st_gid != team.gr_gid:
+        os.chown(home.root, 0, team.gr_gid)
+    os.chmod(home.root, 0o2770)  # the project's members write here; nobody else reads
+    return {"user": user, "group": group}
 
 
 NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
@@ -266,8 +338,8 @@ PATH_PREFIX = re.compile(r"/clusters/[a-z0-9][a-z0-9-]{0,62}/[a-z0-9][a-z0-9-]{0
 class TensorBoard:
     """At most one TensorBoard for the home's runs folder, started on demand."""
 
-    def __init__(self, python):
-        self.python, self.process, self.port, self.prefix = python, None, None, None
+    def __init__(self, python, host="127.0.0.1"):
+        self.python, self.host, self.process, self.port, self.prefix = python, host, None, None, None
         self.lock = threading.Lock()
 
     def start(self, home, prefix, timeout=30):
@@ -278,11 +350,11 @@ class TensorBoard:
             logdir = os.path.join(home.root, "runs")
             os.makedirs(logdir, exist_ok=True)
             with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
+                sock.bind((self.host, 0))
                 port = sock.getsockname()[1]
             log = open(os.path.join(os.path.dirname(home.root), "tensorboard.log"), "ab")  # noqa: SIM115
             self.process = subprocess.Popen(
-                [self.python, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
+                [self.python, "-m", "tensorboard.main", "--logdir", logdir, "--host", self.host,
                  "--port", str(port), "--path_prefix", prefix, "--reload_interval", "5"],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
                 env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
@@ -292,7 +364,7 @@ class TensorBoard:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    with socket.create_connection((self.host, port), timeout=0.5):
                         return port
                 except OSError:
                     if self.process.poll() is not None:
@@ -326,11 +398,11 @@ def op_tensorboard(home, body, tensorboard):
     if action == "stop":
         tensorboard.stop()
         return {"stopped": True}
-    return {"port": tensorboard.start(home, prefix), "host": "127.0.0.1"}
+    return {"port": tensorboard.start(home, prefix), "host": tensorboard.host}
 
 
 OPERATIONS = {"stat": op_stat, "read": op_read, "tail": op_tail, "list": op_list, "write": op_write,
-              "own": op_own, "slurm": op_slurm}  # fmt: skip
+              "own": op_own, "slurm": op_slurm, "account": op_account, "prune": op_prune}  # fmt: skip
 
 
 def handler_for(home, key, tensorboard=None):
@@ -391,13 +463,20 @@ def main(argv=None):
     parser.add_argument(
         "--tensorboard-python", help="a Python with tensorboard installed (enables the tensorboard operation)"
     )
+    parser.add_argument(
+        "--tensorboard-host",
+        default="127.0.0.1",
+        help="where TensorBoard listens (the console proxies to it)",
+    )
+    parser.add_argument("--account-prefix", default=ACCOUNTS["prefix"], help="the console's POSIX account prefix")
     args = parser.parse_args(argv)
     if args.slurm_conf:
         os.environ["SLURM_CONF"] = args.slurm_conf
     with open(args.key_file, "rb") as handle:
         key = binascii.hexlify(handle.read())  # the file holds random bytes; clients send their hex
     host, _, port = args.listen.rpartition(":")
-    tensorboard = TensorBoard(args.tensorboard_python) if args.tensorboard_python else None
+    ACCOUNTS["prefix"] = args.account_prefix
+    tensorboard = TensorBoard(args.tensorboard_python, args.tensorboard_host) if args.tensorboard_python else None
     server = ThreadingHTTPServer((host, int(port)), handler_for(Home(args.home), key, tensorboard))
     try:
         server.serve_forever()

@@ -79,7 +79,8 @@ class Backend:
     # Whether the console can submit Slurm jobs here (shared_dir, submit_batch, job_status): health
     # scans and recipes need it.
     runs_jobs = False
-    # Whether the console can rehearse failures here (kill_node, faults_dir): admin fault actions.
+    # Whether the console can rehearse failures here (kill_node; fault files the health agent reads):
+    # admin fault actions.
     injects_faults = False
 
     def validate_spec(self, spec):
@@ -146,6 +147,11 @@ class Backend:
     def shared_dir(self, cluster):
         """The cluster's shared home as its nodes see it (an absolute path on the cluster, e.g. /home):
         scripts name their outputs there; the console itself reaches it only through the agent."""
+        raise PermanentBackendError(f"The {self.name} backend cannot run recipes yet")
+
+    def node_python(self, cluster):
+        """The Python on the cluster's nodes that runs health checks and recipes (numpy; torch and
+        transformers for recipes)."""
         raise PermanentBackendError(f"The {self.name} backend cannot run recipes yet")
 
     def login_env(self, cluster):
@@ -220,10 +226,6 @@ class Backend:
         """Kill the node's slurmd and job steps at once, as a dead machine would (needs injects_faults)."""
         raise PermanentBackendError(f"The {self.name} backend cannot inject faults")
 
-    def faults_dir(self, cluster):
-        """The folder of fault files the health agent reads on each node (needs injects_faults)."""
-        raise PermanentBackendError(f"The {self.name} backend cannot inject faults")
-
     def call_slurm_rest(self, cluster, method, path, body=None, account=None):
         """Forward a request to the cluster's slurmrestd as `account` (a clusters.accounts.Account;
         None: the console's service account); returns (HTTP status, raw body)."""
@@ -231,9 +233,9 @@ class Backend:
         return self.slurm(cluster).request(method, path, body, user=user)
 
     def ensure_account(self, cluster, account):
-        """Make `account` (user, and its project group) exist on the cluster's nodes, in the group
-        that owns the cluster's shared home (idempotent)."""
-        raise PermanentBackendError(f"The {self.name} backend cannot make user accounts yet")
+        """Make `account` (user, and its project group) exist on the cluster, in the group that owns the
+        cluster's shared home (idempotent); the cluster agent makes it beside slurmctld."""
+        self.agent(cluster).account(account.name, account.group)
 
     def job_status(self, cluster, job_id):
         """The job's JobStatus while Slurm still knows it, else None."""

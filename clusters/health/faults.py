@@ -1,7 +1,8 @@
-"""Fault injection for the local backend: rehearse scans and repairs on a cluster of this machine.
+"""Fault injection: rehearse scans and repairs on a cluster.
 
-Faults other than kill_node are a small JSON file per node in the cluster's faults folder, which the
-health agent reads on that node; kill_node kills the node's slurmd and job steps at once. Only a
+Faults other than kill_node are a small JSON file per node in the shared home (`.tcc/faults/<node>.json`,
+written through the cluster agent), which the health agent reads on that node; kill_node makes the
+node die at once (local: its slurmd and job steps are killed; gce: its instance is stopped). Only a
 backend that says it can (`injects_faults`) takes them.
 Used by `manage.py inject_fault` and the Node admin's actions.
 """
@@ -20,18 +21,21 @@ KINDS = {
         "(default 5: a quarter second, about 0.03 GB/s for the check's 4 MB: under the gloo floor)"
     ),
     "disk_full": "the disk check sees no free space",
-    "kill_node": "the node dies: its slurmd and job steps are killed at once (Slurm marks it down)",
+    "kill_node": "the node dies at once: its slurmd and job steps are gone (Slurm marks it down)",
     "clear": "remove every fault of the node",
 }
 VALUED = {"slow", "slow_link"}
+
+
+FOLDER = ".tcc/faults"  # below the cluster's shared home
 
 
 class FaultError(ConsoleError):
     pass
 
 
-def faults_dir(cluster):
-    return services.faults_dir(cluster)
+def faults_file(node):
+    return f"{FOLDER}/{node}.json"
 
 
 def inject(cluster, node, kind, value=5):
@@ -43,16 +47,15 @@ def inject(cluster, node, kind, value=5):
     try:
         if kind == "kill_node":
             services.inject_fault(cluster, node)
-            return f"{node}: slurmd and its job steps killed"
-        folder = faults_dir(cluster)
+            return f"{node}: killed"
+        services.fault_backend(cluster)  # a backend that rehearses failures, else Conflict
+        path = faults_file(node)
+        faults = json.loads(services.read_file(cluster, path)) if services.file_exists(cluster, path) else {}
+        if kind == "clear":
+            faults = {}
+        else:
+            faults[kind] = value if kind in VALUED else True
+        services.write_file(cluster, path, json.dumps(faults))
     except ConsoleError as exc:
         raise FaultError(exc.message) from None
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{node}.json"
-    faults = json.loads(path.read_text()) if path.exists() else {}
-    if kind == "clear":
-        faults = {}
-    else:
-        faults[kind] = value if kind in VALUED else True
-    path.write_text(json.dumps(faults))
     return f"{node}: {faults or 'no faults'}"

@@ -10,11 +10,9 @@ and waits for the jobs it already submitted instead of submitting others.
 import json
 import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 
@@ -29,6 +27,7 @@ from ..slurm.states import NODE_UP, is_schedulable, split_state
 from ..work import PermanentBackendError, Step, TransientBackendError, heartbeat
 from . import FAIL, PASS, WARN, load_checks, threshold_errors, thresholds, unknown_checks
 from .checks.correctness import checksum
+from .faults import FOLDER as FAULTS
 
 SCAN_TIMEOUT = 1800
 SYSTEM = "system"
@@ -184,12 +183,13 @@ def write_job(ctx):
         "checks": checks_of(ctx.operation),
         "thresholds": ctx.params.get("thresholds") or {},
         "paths": ["/tmp", str(folder.parent.parent)],
-        "faults_dir": str(ctx.backend.faults_dir(cluster)) if ctx.backend.injects_faults else "/nonexistent",
+        "faults_dir": f"{ctx.backend.shared_dir(cluster)}/{FAULTS}" if ctx.backend.injects_faults else "/nonexistent",
         "gpus_per_node": ctx.backend.node_shape(cluster, pool).gpus if pool else 0,
         "accelerator_type": pool.accelerator_type if pool else "",
         "reference_checksum": checksum(limits["size"], limits["rounds"], limits["seed"]),
     }
     agent.write(in_scan(ctx, "context.json"), json.dumps(context).encode())  # makes the folder too
+    runtime = services.runtime.install(ctx.backend, cluster)  # the health agent's code, in the shared home
     hold = checkpoint.get("hold")
     for name, nodes in checkpoint["nodes"].items():
         script = "\n".join(
@@ -205,10 +205,10 @@ def write_job(ctx):
                 "#SBATCH --no-requeue",
                 *([f"#SBATCH --reservation={hold}"] if hold else []),
                 f"#SBATCH --output={folder}/slurm-{name}-%j.out",
-                f"cd {shlex.quote(str(settings.BASE_DIR))}",
+                f"cd {shlex.quote(runtime.folder)}",
                 # One BLAS thread per task: each node measures itself, not a fight over shared cores.
                 "export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1",
-                f"srun {shlex.quote(sys.executable)} -m clusters.health.agent {folder}/context.json {folder}",
+                f"srun {shlex.quote(runtime.python)} -m clusters.health.agent {folder}/context.json {folder}",
                 "",
             ]
         )
@@ -235,11 +235,13 @@ def wait(ctx, timeout=SCAN_TIMEOUT):
     jobs = ctx.checkpoint.get("jobs", {})
     deadline, settle_by = time.monotonic() + timeout, None
     while True:
+        # The jobs' states before the results: a job that wrote its results and ended between the two
+        # reads must be seen with them (read the other way round, it once ended "without results").
+        states = {name: backend.job_status(cluster, job_id) for name, job_id in jobs.items()}
+        running = {name: s for name, s in states.items() if s is not None and s.is_active}
         written = set(agent.list(in_scan(ctx), "*.json"))
         done = [n for n in wanted if f"{n}.json" in written]
         ctx.heartbeat(f"{len(done)}/{len(wanted)}")
-        states = {name: backend.job_status(cluster, job_id) for name, job_id in jobs.items()}
-        running = {name: s for name, s in states.items() if s is not None and s.is_active}
         if len(done) == len(wanted):
             # Every result is in; a job still tearing down must not hold its nodes for what follows
             # (a repair, a training job), so give it a moment and then cancel it.

@@ -5,11 +5,21 @@ reach.py      what a page or recipe needs from the cluster's backend (shapes, pl
 sync.py       the periodic sync: Slurm's node states and job queue pulled into the database
 live.py       those rows, read (pages and GET endpoints read only these, never Slurm)
 files.py      the cluster's files under its shared home, through the cluster agent
+runtime.py    the console's code the nodes run (health agent, recipes/train.py), installed in the home
 members.py    a project's members and roles
 """
 
 from . import members
-from .files import file_exists, list_files, read_file, stop_tensorboard, tail_file, tensorboard, write_file
+from .files import (
+    file_exists,
+    list_files,
+    prune_files,
+    read_file,
+    stop_tensorboard,
+    tail_file,
+    tensorboard,
+    write_file,
+)
 from .live import job_filters, jobs_of, node_state_counts, nodes_of, sync_state
 from .reach import (
     backend_choices,
@@ -17,7 +27,7 @@ from .reach import (
     call_slurm_rest,
     cancel_job,
     drain,
-    faults_dir,
+    fault_backend,
     gpus_per_node,
     inject_fault,
     job_status,
@@ -38,6 +48,7 @@ from .requests import (
     update_cluster,
     validate_request,
 )
+from .runtime import node_runtime
 from .sync import on_sync, sync_cluster
 
 __all__ = [
@@ -50,7 +61,7 @@ __all__ = [
     "delete_cluster",
     "drain",
     "dry_run",
-    "faults_dir",
+    "fault_backend",
     "file_exists",
     "gpus_per_node",
     "inject_fault",
@@ -60,12 +71,14 @@ __all__ = [
     "list_files",
     "login_env",
     "members",
+    "node_runtime",
     "node_shapes",
     "node_state_counts",
     "nodes_of",
     "on_sync",
     "plan",
     "preflight",
+    "prune_files",
     "read_file",
     "save_draft",
     "shared_dir",

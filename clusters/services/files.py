@@ -51,3 +51,8 @@ def write_file(cluster, path, data, mode=0o640):
     if isinstance(data, str):
         data = data.encode()
     return agent_call(cluster, "write", path, data, mode=mode)
+
+
+def prune_files(cluster, path, older_than):
+    """Remove the folder's entries last changed before `older_than` (Unix time); how many went."""
+    return agent_call(cluster, "prune", path, older_than)

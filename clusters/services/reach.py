@@ -89,10 +89,6 @@ def inject_fault(cluster, node):
     fault_backend(cluster).kill_node(cluster, node)
 
 
-def faults_dir(cluster):
-    return fault_backend(cluster).faults_dir(cluster)
-
-
 def fault_backend(cluster):
     """The cluster's backend when it can rehearse failures (injects_faults); Conflict otherwise."""
     backend = get_backend(cluster.backend)
@@ -104,8 +100,13 @@ def fault_backend(cluster):
 def call(cluster, method, *args):
     """backend.<method>(cluster, *args), with a transient failure as Unavailable (503) and a permanent
     one as Conflict."""
+    return with_backend(cluster, lambda backend: getattr(backend, method)(cluster, *args))
+
+
+def with_backend(cluster, work):
+    """work(the cluster's backend), with its failures mapped as call() maps them."""
     try:
-        return getattr(get_backend(cluster.backend), method)(cluster, *args)
+        return work(get_backend(cluster.backend))
     except BackendError as exc:
         raise (Unavailable if exc.retryable else Conflict)(str(exc)) from None
     except (OSError, ValueError) as exc:  # a daemon gone, an answer cut short

@@ -12,13 +12,15 @@ this class maps the backend contract onto them.
 """
 
 import shutil
+import sys
 
 from django.conf import settings
 
 from ...choices import NodeState
 from ...spec import pool_node_count
+from .. import slurm_waits
 from ..base import AgentEndpoint, Backend, Finding, SlurmEndpoint, Step
-from . import accounts, conf, daemons, ports, preflight, remediation
+from . import conf, daemons, ports, preflight, remediation
 from .paths import paths_for, prepare
 
 
@@ -108,7 +110,10 @@ class LocalBackend(Backend):
             Step(
                 "Reconfigure running nodes", lambda ctx: daemons.reconfigure(cluster, paths, names, self.agent(cluster))
             ),
-            Step("Wait for nodes to register idle", lambda ctx: daemons.wait_idle(self.slurm(cluster), names)),
+            Step(
+                "Wait for nodes to register idle",
+                lambda ctx: slurm_waits.wait_idle(self.slurm(cluster), names, settings.LOCAL_NODE_IDLE_TIMEOUT),
+            ),
         ]
         return steps
 
@@ -144,11 +149,11 @@ class LocalBackend(Backend):
     def shared_dir(self, cluster):
         return paths_for(cluster).jobs
 
+    def node_python(self, cluster):
+        return sys.executable  # the nodes are this machine
+
     def login_env(self, cluster):
         return {"SLURM_CONF": str(paths_for(cluster).conf)}
-
-    def ensure_account(self, cluster, account):
-        accounts.ensure(account, paths_for(cluster).jobs)
 
     # -- remediation --------------------------------------------------------------------------
 
@@ -163,9 +168,6 @@ class LocalBackend(Backend):
 
     def clean_scratch(self, cluster, node):
         remediation.clean_scratch(paths_for(cluster), node)
-
-    def faults_dir(self, cluster):
-        return paths_for(cluster).faults
 
     # -- for tests and benchmarks -------------------------------------------------------------
 

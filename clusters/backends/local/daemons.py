@@ -14,7 +14,7 @@ import time
 from django.conf import settings
 
 from ... import processes
-from ...work import BackendError, TransientBackendError, heartbeat
+from ...work import BackendError, TransientBackendError
 from ..base import Backend
 from . import conf
 from .ports import port_answers
@@ -112,7 +112,7 @@ def start_agent(cluster, paths):
     port = cluster.backend_state["ports"]["agent"]
     argv = [sys.executable, server.__file__, "--home", str(paths.jobs), "--key-file", str(paths.agent_key),
             "--listen", f"127.0.0.1:{port}", "--tensorboard-python", sys.executable,
-            "--slurm-conf", str(paths.conf)]  # fmt: skip
+            "--slurm-conf", str(paths.conf), "--account-prefix", settings.POSIX_ACCOUNT_PREFIX]  # fmt: skip
     running = agent_processes(paths)
     if running and all(line == argv for line in running.values()):
         return
@@ -156,61 +156,6 @@ def reconfigure(cluster, paths, names, agent):
         return
     agent.slurm("reconfigure")
     Backend.save_state(cluster, slurmd_conf=dict.fromkeys(started, digest))
-
-
-def wait_idle(slurm, names):
-    """Wait until every node in `names` is up in Slurm (registered, answering)."""
-
-    def not_ready():
-        statuses = {s.name: s for s in slurm.nodes()}
-        return {
-            name: statuses[name].display_state if name in statuses else "missing"
-            for name in names
-            if name not in statuses or not statuses[name].is_up
-        }
-
-    deadline = time.monotonic() + settings.LOCAL_NODE_IDLE_TIMEOUT
-    waiting = not_ready()
-    while waiting and time.monotonic() < deadline:
-        heartbeat(f"{len(names) - len(waiting)}/{len(names)} nodes up")
-        time.sleep(0.2)
-        waiting = not_ready()
-    if waiting:
-        detail = ", ".join(f"{n}: {s}" for n, s in sorted(waiting.items()))
-        raise TransientBackendError(
-            f"nodes did not become idle within {settings.LOCAL_NODE_IDLE_TIMEOUT:.0f} s ({detail})"
-        )
-
-
-def node_status(slurm, node):
-    return next((status for status in slurm.nodes() if status.name == node), None)
-
-
-def slurmd_start_time(slurm, node):
-    """When the node's current slurmd registered (Unix time; 0 when it never has)."""
-    status = node_status(slurm, node)
-    return status.slurmd_start_time if status else 0
-
-
-def wait_registered(slurm, node, before, steady=1.5):
-    """Wait until a new slurmd (registered after `before`) has answered for `steady` seconds: just
-    after registering, the controller may still flag the node NOT_RESPONDING for a moment (measured:
-    set within 0.4 s of the restart, cleared by 0.9 s), and a job sent then would fail."""
-    since = None
-
-    def registered():
-        nonlocal since
-        status = node_status(slurm, node)
-        if status is None or status.slurmd_start_time in (0, before) or "NOT_RESPONDING" in status.flags:
-            since = None
-            return False
-        since = since or time.monotonic()
-        return time.monotonic() - since >= steady
-
-    if not processes.wait_for(
-        registered, timeout=settings.LOCAL_NODE_IDLE_TIMEOUT, interval=0.3, waiting_for=f"{node} to register"
-    ):
-        raise TransientBackendError(f"{node} did not register with slurmctld after its restart")
 
 
 def start_slurmrestd(cluster, paths):

@@ -66,7 +66,8 @@ class ClusterPaths:
 
     @property
     def faults(self):
-        return self.root / "faults"
+        """Fault files of rehearsals (clusters/health/faults.py writes them through the agent)."""
+        return self.jobs / ".tcc" / "faults"
 
 
 def paths_for(cluster):

@@ -7,8 +7,11 @@ import os
 import shutil
 import signal
 
+from django.conf import settings
+
 from ... import processes
 from ...agent.client import AgentRefused
+from .. import slurm_waits
 from . import daemons
 
 
@@ -25,7 +28,7 @@ def reboot(cluster, paths, node, slurm, agent, wipe=False):
     it end (requeueable ones are requeued) instead of waiting on steps that vanished; then its
     slurmd and job steps die, a new slurmd starts, and we wait until that slurmd has registered.
     With `wipe`, the node's folder goes too: the local stand-in for a fresh image."""
-    before = daemons.slurmd_start_time(slurm, node)
+    before = slurm_waits.slurmd_start_time(slurm, node)
     with contextlib.suppress(AgentRefused):  # a node Slurm cannot mark down is rebooted all the same
         agent.slurm("down", node=node, reason="tcc reboot")
     kill_node(paths, node)
@@ -33,7 +36,7 @@ def reboot(cluster, paths, node, slurm, agent, wipe=False):
     if wipe:
         shutil.rmtree(paths.spool / node, ignore_errors=True)
     daemons.start_slurmd(cluster, paths, node)
-    daemons.wait_registered(slurm, node, before)
+    slurm_waits.wait_registered(slurm, node, before, settings.LOCAL_NODE_IDLE_TIMEOUT)
 
 
 def clean_scratch(paths, node):
