@@ -3,6 +3,7 @@ there, Django configured from environment variables, and the repository on sys.p
 
     from _setup import ROOT, WORK, scratch_django
     ENV = scratch_django(AUTO_REPAIR="false")   # extra settings as environment variables
+    user, project = bench_project()              # after scratch_django: migrated, an admin "bench"
 
 Run a benchmark as `.venv/bin/python benchmarks/NAME.py` (this folder is then on sys.path).
 """
@@ -32,3 +33,18 @@ def scratch_django(**env):
 
     django.setup()
     return values
+
+
+def bench_project(gcp_project_id=""):
+    """Migrate the scratch database; (user, project): "bench", admin of project "bench"."""
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from clusters.choices import Role
+    from clusters.models import Project
+
+    call_command("migrate", verbosity=0)
+    user = get_user_model().objects.create_user("bench")
+    project = Project.objects.create(slug="bench", name="Bench", gcp_project_id=gcp_project_id)
+    project.members.add(user, through_defaults={"role": Role.ADMIN})
+    return user, project

@@ -8,17 +8,14 @@ the console's own work plus local HTTP. Usage: .venv/bin/python benchmarks/gce_c
 
 import time
 
-from _setup import scratch_django
+from _setup import bench_project, scratch_django
 
 scratch_django()
 
 from django.conf import settings  # noqa: E402
-from django.contrib.auth import get_user_model  # noqa: E402
-from django.core.management import call_command  # noqa: E402
 
 from clusters import services  # noqa: E402
-from clusters.choices import Role  # noqa: E402
-from clusters.models import Cluster, Project  # noqa: E402
+from clusters.models import Cluster  # noqa: E402
 from clusters.operations import engine  # noqa: E402
 from clusters.spec.reference import build_spec  # noqa: E402
 from tests.fake_compute import FakeGoogleCloud  # noqa: E402
@@ -59,10 +56,7 @@ def measure(fake, action):
 def main():
     fake = FakeGoogleCloud().start()
     fake.configure(settings)
-    call_command("migrate", verbosity=0)
-    user = get_user_model().objects.create_user("bench")
-    project = Project.objects.create(slug="bench", name="Bench", gcp_project_id="bench-proj")
-    project.members.add(user, through_defaults={"role": Role.ADMIN})
+    user, project = bench_project("bench-proj")
     print("workers parts | create s  calls bulk |  grow s  calls | delete s  calls")
     for workers in (8, 64, 1000):
         for partitions in (1, 4):

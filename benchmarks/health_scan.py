@@ -16,19 +16,16 @@ import shutil
 import time
 from pathlib import Path
 
-from _setup import ROOT, WORK, scratch_django
+from _setup import ROOT, WORK, bench_project, scratch_django
 
 scratch_django(AUTO_REPAIR="false")
 
-from django.contrib.auth import get_user_model  # noqa: E402
-from django.core.management import call_command  # noqa: E402
 
 from clusters import services  # noqa: E402
 from clusters.backends import get_backend  # noqa: E402
-from clusters.choices import Role  # noqa: E402
 from clusters.health import COLLECTIVE, load_checks, repair  # noqa: E402
 from clusters.health.scans import start_scan  # noqa: E402
-from clusters.models import Cluster, Project  # noqa: E402
+from clusters.models import Cluster  # noqa: E402
 from clusters.operations import engine  # noqa: E402
 
 
@@ -53,10 +50,7 @@ def timed_scan(cluster, checks):
 
 
 def main():
-    call_command("migrate", verbosity=0)
-    user = get_user_model().objects.create_user("bench")
-    project = Project.objects.create(slug="bench", name="Bench")
-    project.members.add(user, through_defaults={"role": Role.ADMIN})
+    user, project = bench_project()
     print(
         "nodes | scan, all checks (s) | per-node checks (s) | correctness+disk (s) | interconnect only (s)"
         " | create -> READY (s)"

@@ -9,17 +9,14 @@ import json
 import sys
 import time
 
-from _setup import ROOT, scratch_django
+from _setup import ROOT, bench_project, scratch_django
 
 scratch_django(CELERY_TASK_ALWAYS_EAGER="true")
 
-from django.contrib.auth import get_user_model  # noqa: E402
-from django.core.management import call_command  # noqa: E402
 from rest_framework.test import APIClient  # noqa: E402
 
 from clusters.backends import get_backend  # noqa: E402
-from clusters.choices import Role  # noqa: E402
-from clusters.models import Cluster, Operation, Project  # noqa: E402
+from clusters.models import Cluster, Operation  # noqa: E402
 
 
 def spec_with(nodes):
@@ -29,10 +26,7 @@ def spec_with(nodes):
 
 
 def main(sizes):
-    call_command("migrate", verbosity=0)
-    user = get_user_model().objects.create_user("bench")
-    project = Project.objects.create(slug="bench", name="Bench")
-    project.members.add(user, through_defaults={"role": Role.ADMIN})
+    user, _project = bench_project()
     client = APIClient()
     client.force_authenticate(user)
     print(

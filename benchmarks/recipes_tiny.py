@@ -12,16 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-from _setup import ROOT, WORK, scratch_django
+from _setup import ROOT, WORK, bench_project, scratch_django
 
 scratch_django()
 
-from django.contrib.auth import get_user_model  # noqa: E402
-from django.core.management import call_command  # noqa: E402
 
 from clusters import services as cluster_services  # noqa: E402
-from clusters.choices import Role  # noqa: E402
-from clusters.models import Cluster, Project  # noqa: E402
+from clusters.models import Cluster  # noqa: E402
 from clusters.operations import engine  # noqa: E402
 from recipes import services  # noqa: E402
 from recipes.models import RunStatus  # noqa: E402
@@ -43,10 +40,7 @@ def read(run, name):
 
 
 def main(steps):
-    call_command("migrate", verbosity=0)
-    user = get_user_model().objects.create_user("bench")
-    project = Project.objects.create(slug="bench", name="Bench")
-    project.members.add(user, through_defaults={"role": Role.ADMIN})
+    user, project = bench_project()
     spec = json.loads((ROOT / "examples" / "cluster-local-cpu.json").read_text())
     operation = cluster_services.create_cluster(project=project, name="bench", spec=spec, user=user)
     engine.run(operation.pk)

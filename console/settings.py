@@ -298,6 +298,21 @@ GCE_CONTROLLER_MACHINE_TYPE = env("GCE_CONTROLLER_MACHINE_TYPE", "n2-standard-8"
 # Who may reach a login node's SSH port: Identity-Aware Proxy's TCP forwarding range by default
 # (https://cloud.google.com/iap/docs/using-tcp-forwarding), not the whole internet.
 GCE_SSH_SOURCE_RANGES = [r for r in env("GCE_SSH_SOURCE_RANGES", "35.235.240.0/20").split(",") if r]
+# The console reaches a gce controller's slurmrestd and cluster agent on these ports of its internal
+# address (from inside the VPC, a peered one, or through IAP TCP forwarding; docs/backends.md).
+# Off: a console outside the clusters' VPCs that only provisions (no jobs, scans or recipes; node state
+# from Compute Engine alone).
+GCE_REACH_CLUSTERS = envbool("GCE_REACH_CLUSTERS", "True")
+GCE_SLURMRESTD_PORT = envint("GCE_SLURMRESTD_PORT", 6820)
+GCE_AGENT_PORT = envint("GCE_AGENT_PORT", 6821)
+# The Python on a gce cluster's nodes that runs health checks (numpy) and recipes (torch, transformers,
+# tensorboard): an image's own, e.g. a Deep Learning VM image's /opt/conda/bin/python.
+GCE_NODE_PYTHON = env("GCE_NODE_PYTHON", "/usr/bin/python3")
+# Slurm's job credential lifetime (AuthInfo=cred_expire; Slurm's default 120 s), which is also how long
+# a requeued job waits before it can start again.
+GCE_SLURM_CRED_EXPIRE = envint("GCE_SLURM_CRED_EXPIRE", 120)
+# Seconds between runs of the nodes' HealthCheckProgram (Azure CycleCloud's health agent runs every 60 s).
+GCE_HEALTH_CHECK_INTERVAL = envint("GCE_HEALTH_CHECK_INTERVAL", 60)
 
 # Self-repair: start a repair after a scan finds a failing node, and watch nodes every 15 s.
 AUTO_REPAIR = envbool("AUTO_REPAIR", "True")

@@ -6,6 +6,7 @@ they open the test database file that pytest-django created.
 
 import hashlib
 import os
+import sys
 
 from .settings import *  # noqa: F403
 from .settings import BASE_DIR, DATABASES, env
@@ -35,3 +36,9 @@ if os.environ.get("CONSOLE_SCRIPTED_BACKEND"):
 CELERY_PERIODIC_QUEUE = f"{CELERY_TASK_DEFAULT_QUEUE}-periodic"
 CELERY_BEAT_SCHEDULE, CELERY_TASK_ROUTES = periodic(CELERY_PERIODIC_QUEUE)  # noqa: F405
 POSIX_ACCOUNT_PREFIX = "tcct-"  # accounts the tests make; tests/conftest.py removes them
+# The nodes of a gce cluster booted by the tests' fake (tests/fake_vms.py) run this checkout's Python.
+GCE_NODE_PYTHON = env("GCE_NODE_PYTHON", sys.executable)
+# Faster than production, as the local clusters' (10 s): the tests wait for a drain.
+GCE_HEALTH_CHECK_INTERVAL = envint("GCE_HEALTH_CHECK_INTERVAL", 10)  # noqa: F405
+# As the local clusters' (10 s): a requeued job may start again after ~11 s instead of ~121 s.
+GCE_SLURM_CRED_EXPIRE = envint("GCE_SLURM_CRED_EXPIRE", 10)  # noqa: F405

@@ -11,18 +11,27 @@ It keeps resources in memory and answers on 127.0.0.1 only:
 - Service Networking (`/v1/services/servicenetworking.googleapis.com/connections`): create, list, delete.
 - Secret Manager (`/sm/v1/projects/P/secrets`): create, get, delete, addVersion, list versions, access.
 - `instances/NAME/setMetadata`, with the fingerprint check Compute makes.
-- `instances/NAME/reset` and `/start` (counted on the instance as `resets` / `starts`).
+- `instances/NAME/reset`, `/start` and `/stop` (counted on the instance as `resets` / `starts` / `stops`).
+- With `boot=True`, every instance boots (tests/fake_vms.py): its real startup script runs in a VM of
+  namespaces on a bridge, reading the metadata server this fake serves (`/computeMetadata/v1/...`:
+  attributes with `wait_for_change` and ETags, name, project, network address, the service account's
+  token), and its serial console is what it printed. The fake then answers on the bridge's gateway,
+  which both the console and the VMs reach. reset, stop, start and delete power VMs off and on.
 
 Errors are injected with `inject()`: an HTTP error, or an operation that ends with an error, for the
 next N requests matching a method and a path pattern. Every request is counted in `calls`.
 """
 
+import hashlib
 import json
 import re
 import threading
+import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
+
+from .fake_vms import VPC
 
 COMPUTE = re.compile(
     r"^/compute/v1/projects/(?P<project>[^/]+)/(?P<scope>global|regions/[^/]+|zones/[^/]+)/(?P<rest>.+)$"
@@ -47,7 +56,7 @@ class Injection:
 
 
 class FakeGoogleCloud:
-    def __init__(self):
+    def __init__(self, boot=False, root=None):
         self.resources = {}  # path without query -> resource JSON
         self.operations = {}
         self.secret_versions = {}  # secret name -> [payload, ...]
@@ -61,13 +70,21 @@ class FakeGoogleCloud:
             "lustre.googleapis.com", "servicenetworking.googleapis.com",
         }  # fmt: skip
         self.region_quotas = {}
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.changed = threading.Condition(self.lock)  # metadata waits (wait_for_change)
+        self.vpc = VPC(root) if boot else None
+        self.addresses = {}  # instance internal address -> resource key
+        self.server = ThreadingHTTPServer((self.vpc.gateway if boot else "127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
     def endpoint(self):
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def metadata_host(self):
+        return "{}:{}".format(*self.server.server_address[:2])
 
     def start(self):
         self.thread.start()
@@ -76,10 +93,20 @@ class FakeGoogleCloud:
     def stop(self):
         self.server.shutdown()
         self.server.server_close()
+        if self.vpc is not None:
+            self.vpc.close()
 
     def inject(self, method, pattern, *, times=1, http_status=None, code="", message=""):
         """Fail the next `times` requests: with `http_status` as an HTTP error, else as a failed operation."""
         self.injections.append(Injection(method, pattern, times, http_status, code, message))
+
+    def take_back(self, name):
+        """What Compute does to a Spot or Flex-start VM it takes back (termination action DELETE)."""
+        with self.lock:
+            key = next(k for k in self.instances() if k.endswith(f"/instances/{name}"))
+            del self.resources[key]
+            if self.vpc is not None:
+                self.vpc.destroy(name)
 
     def reset_calls(self):
         self.calls.clear()
@@ -87,15 +114,25 @@ class FakeGoogleCloud:
     def instances(self):
         return {p: r for p, r in self.resources.items() if p.startswith("/compute/") and "/instances/" in p}
 
+    def settings(self):
+        """The console's gce settings that point every Google client at this fake. Without booting VMs
+        the console only provisions (GCE_REACH_CLUSTERS off: nothing answers on a controller)."""
+        return {
+            "GCE_API_ENDPOINT": self.endpoint,
+            "GCE_FILESTORE_ENDPOINT": f"{self.endpoint}/file",
+            "GCE_LUSTRE_ENDPOINT": f"{self.endpoint}/lustre",
+            "GCE_SERVICE_NETWORKING_ENDPOINT": self.endpoint,
+            "GCE_SECRET_MANAGER_ENDPOINT": f"{self.endpoint}/sm",
+            "GCE_ANONYMOUS": True,
+            # Booted VMs are polled through their slurmrestd: not a hundred times a second.
+            "GCE_POLL_INTERVAL": 0.2 if self.vpc is not None else 0.01,
+            "GCE_REACH_CLUSTERS": self.vpc is not None,
+        }
+
     def configure(self, settings):
         """Point a Django settings object's gce endpoints at this fake."""
-        settings.GCE_API_ENDPOINT = self.endpoint
-        settings.GCE_FILESTORE_ENDPOINT = f"{self.endpoint}/file"
-        settings.GCE_LUSTRE_ENDPOINT = f"{self.endpoint}/lustre"
-        settings.GCE_SERVICE_NETWORKING_ENDPOINT = self.endpoint
-        settings.GCE_SECRET_MANAGER_ENDPOINT = f"{self.endpoint}/sm"
-        settings.GCE_ANONYMOUS = True
-        settings.GCE_POLL_INTERVAL = 0.01
+        for name, value in self.settings().items():
+            setattr(settings, name, value)
 
     # -- request handling ----------------------------------------------------------------------
 
@@ -120,6 +157,17 @@ class FakeGoogleCloud:
 
             def _dispatch(self, method):
                 url = urlparse(self.path)
+                if url.path.startswith("/computeMetadata/"):
+                    status, text, etag = fake.metadata(url.path, parse_qs(url.query), self.client_address[0],
+                                                       self.headers.get("Metadata-Flavor"))  # fmt: skip
+                    data = text.encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/text")
+                    self.send_header("ETag", etag)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 body = self._body() if method in ("POST", "PATCH", "PUT") else {}
                 with fake.lock:
                     status, payload = fake.handle(method, url.path, parse_qs(url.query), body)
@@ -217,21 +265,26 @@ class FakeGoogleCloud:
         error = {"code": injection.code, "message": injection.message} if injection else None
         if collection == "instances" and len(rest) == 2 and rest[1] == "bulkInsert" and method == "POST":
             return self._bulk_insert(scope_path, scope_url, body, error)
-        if collection == "instances" and len(rest) == 3 and rest[2] in ("reset", "start") and method == "POST":
+        if collection == "instances" and len(rest) == 3 and rest[2] in ("reset", "start", "stop") and method == "POST":
             key = f"{collection_path}/{rest[1]}"
             if key not in self.resources:
                 return 404, http_error(404, f"The resource '{key}' was not found", "notFound")
             if rest[2] == "reset" and self.resources[key]["status"] != "RUNNING":
                 return 400, http_error(400, f"Instance '{rest[1]}' is not running", "resourceNotReady")
             self.resources[key][f"{rest[2]}s"] = self.resources[key].get(f"{rest[2]}s", 0) + 1
-            self.resources[key]["status"] = "RUNNING"
+            self.resources[key]["status"] = "TERMINATED" if rest[2] == "stop" else "RUNNING"
+            if self.vpc is not None:
+                self.vpc.halt(rest[1])
+                if rest[2] != "stop":
+                    self._boot(key)
             return 200, self._operation(scope_url, self.endpoint + key, rest[2], error)
         if collection == "instances" and len(rest) == 3 and rest[2] == "serialPort" and method == "GET":
             key = f"{collection_path}/{rest[1]}"
             if key not in self.resources:
                 return 404, http_error(404, f"The resource '{key}' was not found", "notFound")
-            # What the guest printed; by default, a startup script that ran to its end.
-            contents = self.resources[key].get("serialOutput", SERIAL_DONE)
+            # What the guest printed; without a VM, by default, a startup script that ran to its end.
+            printed = self.vpc.serial(rest[1]) if self.vpc is not None else None
+            contents = self.resources[key].get("serialOutput", printed if printed is not None else SERIAL_DONE)
             return 200, {"contents": contents, "start": "0", "next": str(len(contents))}
         if collection == "instances" and len(rest) == 3 and rest[2] == "setMetadata" and method == "POST":
             key = f"{collection_path}/{rest[1]}"
@@ -244,6 +297,7 @@ class FakeGoogleCloud:
                 )
             self.counter += 1
             self.resources[key]["metadata"] = {**body, "fingerprint": f"fp{self.counter}"}
+            self.changed.notify_all()
             return 200, self._operation(scope_url, self.endpoint + key, "setMetadata")
         if len(rest) == 1 and method == "POST":
             name = body.get("name", "")
@@ -258,6 +312,9 @@ class FakeGoogleCloud:
                 "status": "RUNNING",
                 "kind": f"compute#{collection}",
             }
+            if collection == "instances":
+                self._address(key)
+                self._boot(key)
             return 200, self._operation(scope_url, self.endpoint + key, "insert")
         if len(rest) == 1 and method == "GET":
             items = [r for k, r in self.resources.items() if k.rsplit("/", 1)[0] == collection_path]
@@ -274,6 +331,8 @@ class FakeGoogleCloud:
             if key not in self.resources:
                 return 404, http_error(404, f"The resource '{key}' was not found", "notFound")
             del self.resources[key]
+            if collection == "instances" and self.vpc is not None:
+                self.vpc.destroy(rest[1])
             return 200, self._operation(scope_url, self.endpoint + key, "delete")
         return 405, http_error(405, "method not allowed")
 
@@ -301,6 +360,7 @@ class FakeGoogleCloud:
             if key in self.resources:
                 continue
             self.resources[key] = {
+                **properties,  # what an instance made from the template carries (metadata, NICs, ...)
                 "name": name,
                 "machineType": properties.get("machineType", ""),
                 "labels": properties.get("labels", {}),
@@ -308,10 +368,74 @@ class FakeGoogleCloud:
                 "selfLink": self.endpoint + key,
                 "kind": "compute#instance",
             }
+            self._address(key)
+            self._boot(key)
             created += 1
         return 200, self._operation(
             scope_url, scope_url + "/instances", "bulkInsert", error if limit is not None else None
         )
+
+    def _address(self, key):
+        """The instance's internal address on its first NIC (from the VPC's range when VMs boot)."""
+        interfaces = self.resources[key].setdefault("networkInterfaces", [{}]) or [{}]
+        self.resources[key]["networkInterfaces"] = interfaces
+        if self.vpc is not None:
+            address = self.vpc.address()
+        else:
+            self.counter += 1
+            address = f"10.128.{self.counter // 250 % 250}.{self.counter % 250 + 2}"
+        interfaces[0] = {**interfaces[0], "networkIP": address}
+        self.addresses[address] = key
+
+    def _boot(self, key):
+        if self.vpc is None:
+            return
+        instance = self.resources[key]
+        script = metadata_items(instance).get("startup-script", "")
+        self.vpc.boot(instance["name"], instance["networkInterfaces"][0]["networkIP"], self.metadata_host, script)
+
+    def metadata(self, path, query, client, flavor):
+        """The metadata server, as the VM at address `client` sees it: (status, text, etag)."""
+        if flavor != "Google":
+            return 403, "Missing Metadata-Flavor:Google header.", ""
+        with self.lock:
+            key = self.addresses.get(client)
+            if key not in self.resources:
+                return 404, "no instance at this address", ""
+            want = path.removeprefix("/computeMetadata/v1/")
+            answer = self._metadata_value(self.resources[key], key, want)
+            if answer is None:
+                return 404, "Not Found", ""
+            if query.get("wait_for_change", [""])[0] == "true" and want.startswith("instance/attributes/"):
+                # Answer when the value's ETag differs from the caller's, or at the timeout.
+                last = query.get("last_etag", ["NONE"])[0]
+                deadline = time.monotonic() + float(query.get("timeout_sec", ["60"])[0])
+                while etag_of(answer) == last and key in self.resources and time.monotonic() < deadline:
+                    self.changed.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    answer = self._metadata_value(self.resources.get(key, {}), key, want) or ""
+            return 200, answer, etag_of(answer)
+
+    def _metadata_value(self, instance, key, want):
+        items = metadata_items(instance)
+        project = key.split("/projects/", 1)[1].split("/", 1)[0]
+        zone = key.split("/zones/", 1)[1].split("/", 1)[0]
+        fixed = {
+            "instance/name": instance.get("name"),
+            "instance/hostname": f"{instance.get('name')}.{zone}.c.{project}.internal",
+            "instance/zone": f"projects/1234/zones/{zone}",
+            "instance/network-interfaces/0/ip": (instance.get("networkInterfaces") or [{}])[0].get("networkIP"),
+            "project/project-id": project,
+        }
+        if want in fixed:
+            return fixed[want]
+        if want.startswith("instance/attributes/"):
+            return items.get(want.removeprefix("instance/attributes/"))
+        if want == "instance/service-accounts/default/token":
+            if not instance.get("serviceAccounts"):
+                return None  # a VM without a service account gets no token
+            return json.dumps({"access_token": f"fake-token-{instance['name']}", "expires_in": 3599,
+                               "token_type": "Bearer"})  # fmt: skip
+        return None
 
     def _locations(self, method, path, match, query, body):
         rest = match["rest"].split("/")
@@ -426,9 +550,18 @@ NOUNS = {
     "setMetadata",
     "reset",
     "start",
+    "stop",
     "secrets",
     "versions",
 }
+
+
+def metadata_items(instance):
+    return {item["key"]: item.get("value", "") for item in (instance.get("metadata") or {}).get("items", [])}
+
+
+def etag_of(text):
+    return hashlib.sha256((text or "").encode()).hexdigest()[:16]
 
 
 def http_error(status, message, reason=""):

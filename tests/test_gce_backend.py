@@ -1,6 +1,8 @@
 """The gce backend against the fake Compute API: bulkInsert per pool, resumable runs, mapped errors,
 ownership on delete, and the dry-run plan."""
 
+import base64
+
 import pytest
 
 from clusters import services
@@ -261,53 +263,49 @@ def test_the_controller_gets_slurm_conf_and_a_resize_updates_it(fake, alpha, ali
     assert fake.calls["POST setMetadata"] == 2  # controller and login node
 
 
-def test_the_munge_key_lives_only_in_secret_manager(fake, alpha, alice):
+def test_the_clusters_keys_live_only_in_secret_manager(fake, alpha, alice):
     operation = create(alpha, alice, gce_spec(nodes=2))
     engine.run(operation.pk)
-    secret = f"projects/tcc-test/secrets/{names('alpha', 'ultra').prefix}-munge-key"
-    versions = fake.secret_versions[secret]
-    assert len(versions) == 1
-    key = versions[0]["data"]  # base64 in JSON, as the API carries it
-    assert len(key) > 1000
     cluster = Cluster.objects.get()
     stored = str(cluster.backend_state) + str(list(Operation.objects.values())) + str(list(cluster.events.values()))
-    assert key not in stored
-    assert all(key not in str(item) for item in fake.instances().values())
-    step = next(s for s in get_backend("gce").apply_steps(cluster) if s.name == "Create the munge key secret")
+    prefix = names("alpha", "ultra").prefix
+    for kind, size in (("munge", 1024), ("jwt", 32), ("agent", 32)):
+        secret = f"projects/tcc-test/secrets/{prefix}-{kind}-key"
+        versions = fake.secret_versions[secret]
+        assert len(versions) == 1
+        key = versions[0]["data"]  # base64 in JSON, as the API carries it
+        assert len(base64.b64decode(key)) == size
+        assert key not in stored
+        assert all(key not in str(item) for item in fake.instances().values())
+        assert base64.b64decode(key).hex() not in stored
+    step = next(
+        s for s in get_backend("gce").apply_steps(cluster) if s.name == "Create the cluster's keys in Secret Manager"
+    )
     step.run(None)  # a rerun adds no second key
-    assert len(fake.secret_versions[secret]) == 1
+    assert len(fake.secret_versions[f"projects/tcc-test/secrets/{prefix}-munge-key"]) == 1
+    engine.run(services.delete_cluster(cluster=cluster).pk)
+    assert not [name for name in fake.secret_versions if prefix in name]
 
 
-def test_a_stopped_instance_is_repaired_through_compute_and_the_controllers_metadata(fake, alpha, alice, settings):
-    import json
-
-    from clusters.health import repair
-
-    settings.AUTO_REPAIR = True
+def test_a_console_that_only_provisions_sees_the_instances_and_restarts_them_through_compute(fake, alpha, alice):
     engine.run(create(alpha, alice, gce_spec(nodes=2)).pk)
     cluster = Cluster.objects.get()
     assert cluster.status == ClusterStatus.READY
     assert "(no first health scan: the gce backend cannot run jobs" in cluster.events.first().message
     prefix = names("alpha", "ultra").prefix
-    worker = fake.resources[f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-a3ultra-1"]
-    worker["status"] = "TERMINATED"  # a host error took the machine down
-    fix = repair.watch(cluster)
-    assert (fix.params["node"], fix.params["failure"], fix.params["action"]) == ("a3ultra-1", "unresponsive", "reboot")
-    engine.run(fix.pk)
-    fix.refresh_from_db()
-    assert fix.status == OperationStatus.SUCCEEDED, fix.error
-    assert worker["status"] == "RUNNING" and worker["starts"] == 1  # started: a reset needs a running machine
-    states = json.loads(metadata(fake, "ctl")["tcc-node-states"])
-    assert states == {"a3ultra-1": {"state": "RESUME", "reason": ""}}  # drained, then resumed
+    path = f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-a3ultra-1"
+    fake.resources[path]["status"] = "TERMINATED"  # a host error took the machine down
     backend = get_backend("gce")
-    backend.drain(cluster, "a3ultra-0", "tcc speed: reboot")
-    backend.reboot(cluster, "a3ultra-0")
-    states = json.loads(metadata(fake, "ctl")["tcc-node-states"])
-    assert states["a3ultra-0"] == {"state": "DRAIN", "reason": "tcc speed: reboot"}
-    path = f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-a3ultra-0"
+    status = next(s for s in backend.node_statuses(cluster) if s.name == "a3ultra-1")
+    assert (status.state, status.reason) == ("down", "Compute Engine instance TERMINATED")
+    backend.reboot(cluster, "a3ultra-1")
+    assert (
+        fake.resources[path]["status"] == "RUNNING" and fake.resources[path]["starts"] == 1
+    )  # a reset needs it running
+    backend.reboot(cluster, "a3ultra-1")
     assert fake.resources[path]["resets"] == 1
     fake.resources[path]["marker"] = "old disk"
-    backend.reinstall(cluster, "a3ultra-0")
+    backend.reinstall(cluster, "a3ultra-1")
     assert path in fake.resources and "marker" not in fake.resources[path]  # made again from the template
 
 
@@ -370,7 +368,8 @@ def test_vms_get_a_service_account_storage_addresses_the_gpu_image_and_gres(fake
     assert f"HOME_SHARE='{filestore['networks'][0]['ipAddresses'][0]}:/home'" in worker_script
     assert f"LUSTRE='{lustre['mountPoint']}'" in worker_script
     assert "GPUS='8'" in worker_script and "nvidia-smi" in worker_script
-    assert "|| true\n" not in worker_script.split("write_conf()")[0]  # no failed mount passes silently
+    mounts = [line for line in worker_script.splitlines() if "mount " in line or "gcsfuse " in line]
+    assert mounts and not [line for line in mounts if "|| true" in line]  # no failed mount passes silently
     assert "GPUS='0'" in metadata(fake, "ctl")["startup-script"]
     gres = metadata(fake, "ctl")["slurm-gres-conf"]
     assert "NodeName=a3ultra-0,a3ultra-1 Name=gpu File=/dev/nvidia[0-7]" in gres
@@ -428,10 +427,8 @@ def test_each_reference_architecture_gets_its_gpu_fabric(fake, alpha, alice, arc
     assert not [k for k in fake.resources if "/global/networks/" in k or "/subnetworks/" in k]
 
 
-def test_a_spot_vm_the_cloud_takes_back_is_detected_and_made_again(fake, alpha, alice, settings):
-    from clusters.health import repair
-
-    settings.AUTO_REPAIR = True
+def test_a_spot_vm_the_cloud_takes_back_is_detected_and_made_again(fake, alpha, alice):
+    """Provisioning only; the whole repair on booted VMs is in tests/test_gce_boot.py."""
     spec = gce_spec(nodes=2)
     spec["node_pools"][1]["provisioning_model"] = "SPOT"
     prefix = built(alpha, alice, spec)
@@ -442,12 +439,8 @@ def test_a_spot_vm_the_cloud_takes_back_is_detected_and_made_again(fake, alpha, 
     del fake.resources[path]  # preempted: Compute deletes a Spot VM whose termination action is DELETE
     status = next(s for s in get_backend("gce").node_statuses(cluster) if s.name == "a3ultra-1")
     assert (status.state, status.reason) == ("down", "Compute Engine: the Spot VM was taken back")
-    fix = repair.watch(cluster)
-    assert (fix.params["node"], fix.params["action"]) == ("a3ultra-1", "reboot")
     fake.reset_calls()
-    engine.run(fix.pk)
-    fix.refresh_from_db()
-    assert fix.status == OperationStatus.SUCCEEDED, fix.error
+    get_backend("gce").reboot(cluster, "a3ultra-1")  # the repair ladder's first rung
     assert path in fake.resources and fake.calls["POST bulkInsert"] == 1  # made again from the template
 
 

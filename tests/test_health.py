@@ -1,4 +1,5 @@
-"""Health scans as Slurm jobs on a shared 2-node local cluster, with injected faults.
+"""Health scans as Slurm jobs on a shared 2-node cluster, with injected faults: every test runs on a
+local cluster and on a gce one booted by the fake Compute API, with the same assertions.
 
 hana owns project "hlab" with cluster "train"; charlie is an outsider. Scans run in-process through
 the service layer (the Celery path is the same task as provisioning, tested elsewhere).
@@ -9,19 +10,19 @@ from django.core.management import call_command
 
 from clusters.backends import get_backend
 from clusters.choices import OperationStatus
-from clusters.health.faults import faults_dir
+from clusters.health.faults import inject
 from clusters.models import HealthResult, Operation
 from clusters.operations import engine
 
-from .conftest import api_client_for, module_cluster, wait_until
+from .conftest import BACKENDS, api_client_for, module_cluster, wait_until
 
 pytestmark = pytest.mark.django_db
 SCANS = "/api/v1/projects/hlab/clusters/train/scans/"
 
 
-@pytest.fixture(scope="module")
-def cluster(django_db_setup, django_db_blocker, slurm):
-    with module_cluster(django_db_blocker, username="hana", project_slug="hlab") as found:
+@pytest.fixture(scope="module", params=BACKENDS)
+def cluster(request, django_db_setup, django_db_blocker, slurm):
+    with module_cluster(django_db_blocker, username="hana", project_slug="hlab", request=request) as found:
         yield found
 
 
@@ -33,10 +34,9 @@ def hana_api(cluster):
 @pytest.fixture(autouse=True)
 def no_faults(cluster):
     yield
-    for path in faults_dir(cluster).glob("*.json"):
-        path.unlink()
-    for node in cluster.compute_nodes():  # undo what a fault's health check drained
-        get_backend("local").resume(cluster, node.name)
+    for node in cluster.compute_nodes():
+        inject(cluster, node.name, "clear")
+        get_backend(cluster.backend).resume(cluster, node.name)  # undo what a fault's health check drained
 
 
 def scan(api, checks=None):
@@ -126,8 +126,8 @@ def test_it_refuses_unknown_checks_and_outsiders(hana_api, charlie_api, cluster)
 
 def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same_loss(cluster):
     import json
-    from pathlib import Path
 
+    from clusters import services
     from clusters.health import repair
     from recipes import services as runs
 
@@ -141,16 +141,19 @@ def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same
         wait_until(lambda: runs.refresh_run(run).is_done, timeout=timeout, interval=1, message=f"run {run.uuid}")
         return run
 
+    def read(run, name):
+        path = runs.in_run(run, name)
+        return services.read_file(cluster, path).decode() if services.file_exists(cluster, path) else ""
+
     def final_loss(run):
-        return json.loads((Path(run.work_dir) / "result.json").read_text())["final_loss"]
+        return json.loads(read(run, "result.json"))["final_loss"]
 
     reference = wait(launch())
-    assert reference.status == "COMPLETED", reference.error
+    assert reference.status == "COMPLETED", (reference.error, reference.log_tail)
 
     run = launch()
-    metrics = Path(run.work_dir) / "metrics.jsonl"
     wait_until(
-        lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 25,
+        lambda: len(read(run, "metrics.jsonl").splitlines()) >= 25,
         timeout=120,
         interval=0.5,
         message="the run to reach step 25",
@@ -171,7 +174,7 @@ def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same
 
     run = wait(run)
     assert run.status == "COMPLETED", run.error
-    events = [json.loads(line) for line in (Path(run.work_dir) / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in read(run, "events.jsonl").splitlines()]
     resumed = [e for e in events if e["event"] == "resumed"]
     assert resumed and resumed[0]["step"] >= 20  # continued from its last checkpoint, not from scratch
     assert abs(final_loss(run) - final_loss(reference)) < 1e-6
@@ -195,5 +198,7 @@ def test_a_node_with_wrong_results_is_replaced_and_the_cluster_keeps_its_size(ha
     names = sorted(cluster.nodes.filter(node_pool__pool_id="cpu").values_list("name", flat=True))
     assert names == ["cpu-0", "cpu-2"]
     assert cluster.nodes.get(name="cpu-2").repairs == {"correctness": 1}  # the ladder follows the slot
-    idle = sorted(s.name for s in get_backend("local").node_statuses(cluster) if s.state == "idle" and not s.flags)
+    idle = sorted(
+        s.name for s in get_backend(cluster.backend).node_statuses(cluster) if s.state == "idle" and not s.flags
+    )
     assert idle == ["cpu-0", "cpu-2"]

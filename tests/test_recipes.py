@@ -1,6 +1,8 @@
-"""Recipes: the catalog, launch validation, and tiny runs on one shared 2-node local Slurm cluster.
+"""Recipes: the catalog, launch validation, and tiny runs on one shared 2-node cluster: local, and gce
+booted by the fake Compute API, with the same assertions (a few tests look at this machine's own
+processes and files, which a local cluster has and a gce one keeps on its VMs: those are local's).
 
-rita owns project "rlab" with cluster "train" (2 CPU nodes), made once for the module; charlie is
+rita owns project "rlab" with cluster "train" (2 CPU nodes), made once for each backend; charlie is
 an outsider.
 """
 
@@ -13,15 +15,15 @@ from clusters import processes
 from recipes.catalog import recipes
 from recipes.models import ModelVersion, Run, RunStatus
 
-from .conftest import api_client_for, module_cluster, synced, wait_until
+from .conftest import BACKENDS, api_client_for, module_cluster, synced, wait_until
 
 pytestmark = pytest.mark.django_db
 RUNS = "/api/v1/projects/rlab/clusters/train/runs/"
 
 
-@pytest.fixture(scope="module")
-def train_cluster(django_db_setup, django_db_blocker, slurm):
-    with module_cluster(django_db_blocker, username="rita", project_slug="rlab") as cluster:
+@pytest.fixture(scope="module", params=BACKENDS)
+def train_cluster(request, django_db_setup, django_db_blocker, slurm):
+    with module_cluster(django_db_blocker, username="rita", project_slug="rlab", request=request) as cluster:
         yield cluster
         from recipes import tensorboard
 
@@ -56,9 +58,26 @@ def finished(api, run_id, timeout=240):
     return wait_until(done, timeout=timeout, interval=1, message=f"run {run_id} to finish")
 
 
+def in_home(body, *parts):
+    """A path of the run's folder relative to the cluster's shared home."""
+    return "/".join(["runs", Path(body["work_dir"]).name, *parts])
+
+
+def read(body, *parts):
+    """A file of the run, as the console reads it: through the cluster agent ("" while it is missing)."""
+    from clusters import services
+
+    cluster, path = Run.objects.get(uuid=body["id"]).cluster, in_home(body, *parts)
+    return services.read_file(cluster, path).decode() if services.file_exists(cluster, path) else ""
+
+
 def losses(body):
-    path = Path(body["work_dir"]) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return [json.loads(line) for line in read(body, "metrics.jsonl").splitlines()]
+
+
+def local_only(cluster, why):
+    if cluster.backend != "local":
+        pytest.skip(f"local only: {why}")
 
 
 def test_the_catalog_has_llama_and_gemma_recipes_of_every_kind():
@@ -114,16 +133,15 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     rows = losses(done)
     assert rows[-1]["step"] == 40
     assert rows[-1]["loss"] < rows[0]["loss"] * 0.7  # it learns
-    checkpoint = Path(done["work_dir"]) / "checkpoints" / "step-40"
-    assert json.loads((checkpoint / "meta.json").read_text())["world"] == 2
-    assert {p.name for p in checkpoint.glob("rng-*.pt")} == {"rng-0.pt", "rng-1.pt"}
-    # It ran as rita's own account, not root: the checkpoint is that account's.
-    import pwd
-
+    assert json.loads(read(done, "checkpoints/step-40/meta.json"))["world"] == 2
+    from clusters import services
     from clusters.accounts import account_for
 
+    folder = in_home(done, "checkpoints/step-40")
+    assert set(services.list_files(train_cluster, folder, "rng-*.pt")) == {"rng-0.pt", "rng-1.pt"}
+    # It ran as rita's own account, not root: the checkpoint is that account's.
     account = account_for(train_cluster.project.members.get(), train_cluster.project)
-    assert (checkpoint / "meta.json").stat().st_uid == pwd.getpwnam(account.name).pw_uid != 0
+    assert services.files.agent_call(train_cluster, "stat", f"{folder}/meta.json")["owner"] == account.name
 
     # The run page draws the loss and shows the log; its live part stops polling once done.
     client.force_login(train_cluster.project.members.get())
@@ -188,7 +206,7 @@ def test_cancelling_a_run_cancels_its_slurm_job(rita_api, train_cluster):
     response = rita_api.post(f"{RUNS}{run['id']}/cancel/")
     assert response.status_code == 200
     assert response.json()["status"] == "CANCELLED"
-    job = get_backend("local").job_status(train_cluster, run["slurm_job_id"])
+    job = get_backend(train_cluster.backend).job_status(train_cluster, run["slurm_job_id"])
     assert job is None or job.state in ("CANCELLED", "COMPLETING")
     assert Run.objects.get(uuid=run["id"]).status == RunStatus.CANCELLED
     assert rita_api.post(f"{RUNS}{run['id']}/cancel/").status_code == 409
@@ -202,7 +220,7 @@ def cluster_home(cluster):
     slurm-<id>.out left by an older cluster's job of the same id (and another owner) fails the job."""
     from clusters.backends import get_backend
 
-    return str(get_backend("local").paths(cluster).jobs)
+    return str(get_backend(cluster.backend).shared_dir(cluster))
 
 
 def test_automation_submits_lists_and_cancels_jobs_through_slurmrestd(rita_api, train_cluster):
@@ -268,6 +286,7 @@ def test_a_run_whose_job_fails_shows_its_failing_lines_and_exit_code(rita_api, c
     import os
     import signal
 
+    local_only(train_cluster, "it kills the training process on this machine")
     run = launch(rita_api, steps=100000, nodes=1).json()
     metrics = Path(run["work_dir"]) / "metrics.jsonl"
     wait_until(metrics.exists, message="the run to log a step")
@@ -294,6 +313,7 @@ def test_no_munge_key_jwt_or_token_reaches_a_page_an_answer_or_a_log_line(rita_a
 
     from .test_safe_defaults import exchange, leaks
 
+    local_only(train_cluster, "it reads the keys from the cluster's folder (gce: tests/test_gce_boot.py)")
     caplog.set_level("DEBUG")
     paths = get_backend("local").paths(train_cluster)
     munge, jwt = paths.munge_key.read_bytes(), paths.jwt_key.read_bytes()
@@ -336,6 +356,7 @@ def test_a_job_sent_through_slurmrestd_runs_as_the_callers_account_and_other_pro
     from clusters.backends import get_backend
     from clusters.models import Project
 
+    local_only(train_cluster, "it reads the home and runs commands as the accounts on this machine")
     rita = train_cluster.project.members.get()
     mine = account_for(rita, train_cluster.project)
     home = get_backend("local").paths(train_cluster).jobs
@@ -380,6 +401,7 @@ def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(ri
     from clusters.models import Operation
     from clusters.operations import engine
 
+    local_only(train_cluster, "it looks for leftover processes on this machine (gce: tests/test_gce_boot.py)")
     backend = get_backend("local")
     paths = backend.paths(train_cluster)
     client.force_login(train_cluster.project.members.get())

@@ -1,6 +1,8 @@
 """The console reaches Slurm through slurmrestd with JWTs it signs itself (clusters/slurm/rest.py), on a
-real local cluster: the sync starts no Slurm program, a token with another key or past its expiry is
-refused, and a cancel goes through slurmrestd. Persona: sam, who runs the cluster "rest"."""
+real local cluster and on a gce one booted by the fake Compute API (the same tests): the sync starts no
+Slurm program, a token with another key or past its expiry is refused, a batch script's directives
+reach Slurm, and cancels, drains and holds go through slurmrestd and the cluster agent. Persona: sam,
+who runs the cluster "rest"."""
 
 import json
 import subprocess
@@ -16,15 +18,31 @@ from clusters.models import SlurmSync
 from clusters.slurm.rest import SlurmEndpoint, SlurmRest, mint_token
 from clusters.work import BackendError
 
-from .conftest import module_cluster, wait_until
+from .conftest import BACKENDS, module_cluster, wait_until
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(scope="module")
-def cluster(django_db_setup, django_db_blocker, slurm):
-    with module_cluster(django_db_blocker, username="sam", project_slug="slab", cluster_name="rest") as found:
+@pytest.fixture(scope="module", params=BACKENDS)
+def cluster(request, django_db_setup, django_db_blocker, slurm):
+    with module_cluster(
+        django_db_blocker, username="sam", project_slug="slab", cluster_name="rest", request=request
+    ) as found:
         yield found
+
+
+def backend_of(cluster):
+    return get_backend(cluster.backend)
+
+
+def write(cluster, path, text):
+    """A file in the cluster's shared home, written as the console writes one: through the agent."""
+    services.write_file(cluster, path, text)
+    return f"{backend_of(cluster).shared_dir(cluster)}/{path}"
+
+
+def read(cluster, path):
+    return services.read_file(cluster, path).decode() if services.file_exists(cluster, path) else ""
 
 
 def test_the_sync_reads_slurm_over_http_and_starts_no_slurm_program(cluster, monkeypatch):
@@ -48,7 +66,7 @@ def test_the_sync_reads_slurm_over_http_and_starts_no_slurm_program(cluster, mon
 
 
 def test_a_token_signed_with_another_key_or_past_its_expiry_is_refused(cluster):
-    endpoint = get_backend("local").slurm_endpoint(cluster)
+    endpoint = backend_of(cluster).slurm_endpoint(cluster)
     assert str(endpoint.jwt_key) not in repr(endpoint)  # the key never reaches a log line
     assert {n.name for n in SlurmRest(endpoint).nodes()} == {"cpu-0", "cpu-1"}
     stranger = SlurmRest(SlurmEndpoint(endpoint.url, b"not-the-cluster-key-0123456789ab"))
@@ -68,11 +86,10 @@ def test_a_token_signed_with_another_key_or_past_its_expiry_is_refused(cluster):
 
 
 def test_a_cancel_goes_through_slurmrestd(cluster):
-    backend = get_backend("local")
+    backend = backend_of(cluster)
     home = backend.shared_dir(cluster)
-    script = home / "sleeper.sh"
-    script.write_text(f"#!/bin/bash\n#SBATCH -N 1\n#SBATCH --output={home}/sleeper-%j.out\nsleep 300\n")
-    job_id = backend.submit_batch(cluster, script.name)
+    write(cluster, "sleeper.sh", f"#!/bin/bash\n#SBATCH -N 1\n#SBATCH --output={home}/sleeper-%j.out\nsleep 300\n")
+    job_id = backend.submit_batch(cluster, "sleeper.sh")
 
     def running():
         job = backend.job_status(cluster, job_id)
@@ -87,28 +104,26 @@ def test_a_cancel_goes_through_slurmrestd(cluster):
 
 
 def test_a_batch_script_goes_in_the_request_and_its_directives_reach_slurm(cluster):
-    backend = get_backend("local")
+    backend = backend_of(cluster)
     home = backend.shared_dir(cluster)
-    (home / "batch").mkdir(exist_ok=True)
-    (home / "batch/pinned.sbatch").write_text(
+    write(
+        cluster,
+        "batch/pinned.sbatch",
         "#!/bin/bash\n#SBATCH --job-name=pinned -N 1 --nodelist=cpu-1\n#SBATCH --time=7 --no-requeue\n"
-        f"#SBATCH --output={home}/batch/pinned-%j.out\necho ran on $SLURMD_NODENAME in $PWD\n"
+        f"#SBATCH --output={home}/batch/pinned-%j.out\necho ran on $SLURMD_NODENAME in $PWD\n",
     )
     job_id = backend.submit_batch(cluster, "batch/pinned.sbatch")
     _status, raw = backend.slurm(cluster).request("GET", f"/slurm/v0.0.38/job/{job_id}")
     job = json.loads(raw)["jobs"][0]
     assert (job["name"], job["time_limit"], job["requeue"]) == ("pinned", 7, False)
     assert job["current_working_directory"] == f"{home}/batch"  # the script's folder, as sbatch would
-    output = home / "batch" / f"pinned-{job_id}.out"
-    wait_until(lambda: output.exists() and output.read_text(), message="the job's output")
-    assert output.read_text() == f"ran on cpu-1 in {home}/batch\n"
+    output = wait_until(lambda: read(cluster, f"batch/pinned-{job_id}.out"), message="the job's output")
+    assert output == f"ran on cpu-1 in {home}/batch\n"
 
 
 def test_a_directive_the_console_cannot_pass_on_submits_nothing(cluster):
-    backend = get_backend("local")
-    (backend.shared_dir(cluster) / "mail.sbatch").write_text(
-        "#!/bin/bash\n#SBATCH -N 1\n#SBATCH --mail-type=END\ntrue\n"
-    )
+    backend = backend_of(cluster)
+    write(cluster, "mail.sbatch", "#!/bin/bash\n#SBATCH -N 1\n#SBATCH --mail-type=END\ntrue\n")
     before = {job.job_id for job in backend.jobs(cluster)}
     with pytest.raises(BackendError, match="line 3: #SBATCH --mail-type is not an option"):
         backend.submit_batch(cluster, "mail.sbatch")
@@ -117,8 +132,8 @@ def test_a_directive_the_console_cannot_pass_on_submits_nothing(cluster):
 
 def test_drain_resume_holds_submits_and_cancels_start_no_program_in_the_console(cluster, monkeypatch):
     """Everything the console asks of Slurm goes over HTTP: slurmrestd or the cluster agent."""
-    backend = get_backend("local")
-    (backend.shared_dir(cluster) / "nap.sbatch").write_text("#!/bin/bash\n#SBATCH -N 1 --output=/dev/null\nsleep 30\n")
+    backend = backend_of(cluster)
+    write(cluster, "nap.sbatch", "#!/bin/bash\n#SBATCH -N 1 --output=/dev/null\nsleep 30\n")
     started = []
     monkeypatch.setattr(subprocess, "run", lambda command, *a, **k: started.append(command))
     monkeypatch.setattr(subprocess, "Popen", lambda command, *a, **k: started.append(command))

@@ -17,16 +17,21 @@ cluster's resources and the generic create / delete / wait), network, storage, i
 slurm_conf; this class maps the backend contract onto them.
 """
 
+import contextlib
+import time
 from pathlib import Path
 
 from django.conf import settings
 
+from ...agent.client import AgentRefused
 from ...choices import NodeState
 from ...slurm.states import NodeStatus
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
-from ..base import Backend, NodeShape, Step
-from . import fabric, instances, network, slurm_conf, storage
+from ...work import TransientBackendError, heartbeat
+from .. import slurm_waits
+from ..base import AgentEndpoint, Backend, NodeShape, SlurmEndpoint, Step
+from . import fabric, instances, keys, network, slurm_conf, storage
 from .clients import Clients
 from .cloud import Cloud
 from .names import is_gpu_pool, names
@@ -35,6 +40,16 @@ from .names import is_gpu_pool, names
 class GceBackend(Backend):
     name = "gce"
     label = "Google Compute Engine"
+
+    # Rehearsals (admin only, clusters.inject_faults): fault files in the shared home, and kill_node
+    # stops the node's instance at once, as a host failure would.
+    injects_faults = True
+
+    @property
+    def runs_jobs(self):
+        """The console submits jobs when it reaches the controller's slurmrestd and agent (through the
+        VPC or IAP: docs/backends.md); a console that only provisions (GCE_REACH_CLUSTERS off) cannot."""
+        return settings.GCE_REACH_CLUSTERS
 
     # -- clients ----------------------------------------------------------------------------------
 
@@ -136,7 +151,6 @@ class GceBackend(Backend):
         return items
 
     def apply_steps(self, cluster, hold=None):
-        # `hold` is never asked of this backend: the console cannot submit the scans it would wait for.
         cloud = Cloud(self, cluster)
         spec = cluster.spec
         console = spec.get("console") or {}
@@ -173,22 +187,66 @@ class GceBackend(Backend):
                     lambda ctx, p=pool: instances.create_template(cloud, p),
                 )
             )
-        steps.append(Step("Create the munge key secret", lambda ctx: slurm_conf.create_munge_secret(cloud)))
+        steps.append(Step("Create the cluster's keys in Secret Manager", lambda ctx: keys.create_keys(cloud)))
         steps.append(Step("Create the controller and login nodes", lambda ctx: instances.create_head_nodes(cloud)))
+        # New workers before the controller reads their names: slurmctld resolves every node's host
+        # name when it starts (measured: 11 s per attempt, 5 attempts, for a name not in DNS yet),
+        # and their slurmds keep trying until the controller knows them.
         for pool in cloud.compute_pools:
             steps.append(
                 Step(f"Create {pool['id']} nodes (bulkInsert)", lambda ctx, p=pool: instances.create_workers(cloud, p))
             )
-        if cluster.nodes.filter(state=NodeState.DELETING).exists():
-            steps.append(Step("Delete removed nodes", lambda ctx: instances.delete_removed_workers(cloud)))
         steps.append(
             Step("Update slurm.conf on the controller and login nodes", lambda ctx: slurm_conf.update_slurm_conf(cloud))
         )
-        steps.append(Step("Wait for every instance to run", lambda ctx: instances.wait_running(cloud)))
         steps.append(
             Step("Wait for the controller and login nodes to start", lambda ctx: instances.wait_started(cloud))
         )
+        wanted = list(cluster.compute_nodes().values_list("name", flat=True))
+        new = list(cluster.compute_nodes().filter(state=NodeState.PROVISIONING).values_list("name", flat=True))
+        if self.runs_jobs:
+            steps.append(
+                Step("Wait for slurmctld to know every wanted node", lambda ctx: self.wait_node_list(cluster, wanted))
+            )
+            # Configless slurmds keep the slurm.conf they fetched: a reconfigure makes them fetch the new
+            # one (else a job step on an old node cannot find a new node: "can't find address for host").
+            steps.append(Step("Reconfigure running nodes", lambda ctx: self.agent(cluster).slurm("reconfigure")))
+            if hold and new:
+                # Slurm 22.05 reserves only nodes it knows: the hold follows the restart that taught it
+                # them, a moment before their slurmds (retrying every 2 s) register.
+                steps.append(
+                    Step("Hold the new nodes for their first health scan", lambda ctx: self.hold(cluster, hold, new))
+                )
+        if cluster.nodes.filter(state=NodeState.DELETING).exists():
+            steps.append(Step("Delete removed nodes", lambda ctx: instances.delete_removed_workers(cloud)))
+        steps.append(Step("Wait for every instance to run", lambda ctx: instances.wait_running(cloud)))
+        if self.runs_jobs:
+            steps.append(
+                Step(
+                    "Wait for nodes to register idle",
+                    lambda ctx: slurm_waits.wait_idle(
+                        self.slurm(cluster), wanted, settings.GCE_STARTUP_TIMEOUT, interval=settings.GCE_POLL_INTERVAL
+                    ),
+                )
+            )
         return steps
+
+    def wait_node_list(self, cluster, wanted):
+        """Wait until slurmctld answers (through slurmrestd) with exactly the wanted nodes: after a
+        resize, the controller's watcher restarts it with the new slurm.conf."""
+        slurm, deadline = self.slurm(cluster), time.monotonic() + settings.GCE_STARTUP_TIMEOUT
+        while True:
+            try:
+                known = {status.name for status in slurm.nodes()}
+                problem = "" if known == set(wanted) else f"Slurm knows {len(known)} nodes, {len(wanted)} wanted"
+            except TransientBackendError as exc:
+                problem = str(exc)
+            if not problem:
+                return
+            if time.monotonic() > deadline:
+                raise TransientBackendError(f"the controller's Slurm is not ready: {problem}")
+            heartbeat(problem)
+            time.sleep(settings.GCE_POLL_INTERVAL)
 
     def delete_steps(self, cluster):
         cloud = Cloud(self, cluster)
@@ -200,53 +258,102 @@ class GceBackend(Backend):
             Step("Delete private services access", lambda ctx: network.delete_private_services_access(cloud)),
             Step("Delete the GPU fabric networks", lambda ctx: fabric.delete_fabric(cloud)),
             Step("Delete subnetwork and network", lambda ctx: network.delete_network(cloud)),
-            Step("Delete the munge key secret", lambda ctx: slurm_conf.delete_munge_secret(cloud)),
+            Step("Delete the cluster's keys from Secret Manager", lambda ctx: keys.delete_keys(cloud)),
         ]
+
+    # -- reaching the cluster --------------------------------------------------------------------
+    # The controller's internal address (read when its startup finished); the JWT and agent keys are
+    # in Secret Manager (keys.py). A console that only provisions reaches nothing.
+
+    def controller_url(self, cluster, port):
+        address = (cluster.backend_state or {}).get("controller_ip")
+        if not settings.GCE_REACH_CLUSTERS or not address:
+            return None
+        return f"http://{address}:{port}"
+
+    def slurm_endpoint(self, cluster):
+        url = self.controller_url(cluster, settings.GCE_SLURMRESTD_PORT)
+        return url and SlurmEndpoint(url, keys.read_key(Cloud(self, cluster), "jwt"))
+
+    def agent_endpoint(self, cluster):
+        url = self.controller_url(cluster, settings.GCE_AGENT_PORT)
+        return url and AgentEndpoint(url, keys.read_key(Cloud(self, cluster), "agent").hex())
+
+    def shared_dir(self, cluster):
+        return slurm_conf.SHARED
+
+    def node_python(self, cluster):
+        return settings.GCE_NODE_PYTHON
 
     # Instance states in which the machine is gone for Slurm: the repair watcher takes them as "down".
     STOPPED = {"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"}
 
     def node_statuses(self, cluster):
-        """Compute nodes' instance states (lower case), until the console talks to the cluster's slurmrestd;
-        a stopped or terminated instance (host error, preemption) reads as down, and so does a wanted
-        node whose instance is gone (a Spot or Flex-start VM the cloud took back is deleted)."""
+        """Slurm's node states (through slurmrestd), where the cloud's word wins: a stopped or
+        terminated instance (host error, preemption) reads as down at once, and so does a wanted node
+        whose instance is gone (a Spot or Flex-start VM the cloud took back is deleted), without
+        waiting for Slurm's SlurmdTimeout. A console that only provisions sees the instances alone."""
         cloud = Cloud(self, cluster)
-        found = [
-            NodeStatus(
-                name=instance.name.removeprefix(f"{cloud.n.prefix}-"),
-                state="down" if instance.status in self.STOPPED else instance.status.lower(),
-                reason=f"Compute Engine instance {instance.status}",
-                partitions=[instance.labels.get("tcc-pool", "")],
-            )
+        found = {
+            instance.name.removeprefix(f"{cloud.n.prefix}-"): instance
             for instance in instances.list_instances(cloud)
             if instance.labels.get("tcc-role") == "compute"
-        ]
-        seen = {status.name for status in found}
+        }
+        gone = {}
+        for name, instance in found.items():
+            if instance.status in self.STOPPED:
+                gone[name] = f"Compute Engine instance {instance.status}"
         for node in cluster.compute_nodes().filter(state=NodeState.READY).select_related("node_pool"):
-            if node.name not in seen:
+            if node.name not in found:
                 model = node.node_pool.provisioning_model
                 taken = model in ("SPOT", "FLEX_START")
                 why = f"the {model.replace('_', '-').title()} VM was taken back" if taken else "instance missing"
-                found.append(NodeStatus(name=node.name, state="down", reason=f"Compute Engine: {why}"))
-        return found
+                gone[node.name] = f"Compute Engine: {why}"
+        if self.runs_jobs:
+            statuses = super().node_statuses(cluster)
+        else:
+            statuses = [
+                NodeStatus(
+                    name=name,
+                    state=instance.status.lower(),
+                    reason=f"Compute Engine instance {instance.status}",
+                    partitions=[instance.labels.get("tcc-pool", "")],
+                )
+                for name, instance in found.items()
+            ]
+        known = {status.name for status in statuses}
+        statuses += [NodeStatus(name=name, state="down", reason=why) for name, why in gone.items() if name not in known]
+        for status in statuses:
+            if status.name in gone:
+                status.state, status.reason = "down", gone[status.name]
+        return statuses
 
     def jobs(self, cluster):
-        return []
+        return super().jobs(cluster) if self.runs_jobs else []
 
     # -- remediation --------------------------------------------------------------------------
-    # Drain and resume go through the controller's metadata (key `tcc-node-states`), which its
-    # agent (startup.sh) applies with scontrol; reboot is an instance reset; reinstall deletes
-    # the instance and makes it again from the pool's template. Replace needs nothing here: it is
-    # a resize (apply_steps) that adds one node and removes another.
+    # Drain, resume and holds are the base class's (the cluster agent); reboot is an instance reset;
+    # reinstall deletes the instance and makes it again from the pool's template. Replace needs
+    # nothing here: it is a resize (apply_steps) that adds one node and removes another.
 
-    def drain(self, cluster, node, reason):
-        slurm_conf.set_node_state(Cloud(self, cluster), node, "DRAIN", reason)
-
-    def resume(self, cluster, node):
-        slurm_conf.set_node_state(Cloud(self, cluster), node, "RESUME", "")
+    def kill_node(self, cluster, node):
+        instances.stop_instance(Cloud(self, cluster), node)
 
     def reboot(self, cluster, node):
-        instances.reset_instance(Cloud(self, cluster), node)
+        self.restart(cluster, node, instances.reset_instance)
 
     def reinstall(self, cluster, node):
-        instances.recreate_instance(Cloud(self, cluster), node)
+        self.restart(cluster, node, instances.recreate_instance)
+
+    def restart(self, cluster, node, how):
+        """Slurm is told first (state DOWN), so the jobs on the node end or requeue at once instead of
+        after SlurmdTimeout; then the instance restarts, and we wait until its new slurmd registered."""
+        if not self.runs_jobs:
+            how(Cloud(self, cluster), node)
+            return
+        slurm = self.slurm(cluster)
+        before = slurm_waits.slurmd_start_time(slurm, node)
+        with contextlib.suppress(AgentRefused):  # a node Slurm cannot mark down is restarted all the same
+            self.agent(cluster).slurm("down", node=node, reason="tcc reboot")
+        how(Cloud(self, cluster), node)
+        slurm_waits.wait_registered(slurm, node, before, settings.GCE_STARTUP_TIMEOUT)

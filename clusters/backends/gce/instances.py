@@ -151,7 +151,13 @@ def create_head_nodes(cloud):
             network_interfaces=properties.network_interfaces,
             scheduling=properties.scheduling,
             service_accounts=properties.service_accounts,
-            metadata=compute_v1.Metadata(items=[*properties.metadata.items, *slurm_conf.slurm_items(cloud)]),
+            metadata=compute_v1.Metadata(
+                items=[
+                    *properties.metadata.items,
+                    *slurm_conf.slurm_items(cloud),
+                    *([slurm_conf.agent_item(cloud)] if role == "controller" else []),
+                ]
+            ),
             description=cloud.description,
         )
         cloud.ensure(
@@ -183,6 +189,20 @@ def reset_instance(cloud, node):
         raise map_api_error(exc, f"resetting {name}") from None
     cloud.wait(operation, f"resetting {name}")
     wait_running(cloud)
+
+
+def stop_instance(cloud, node):
+    """Power the node's instance off (a rehearsal of a dead machine); its jobs die with it."""
+    from google.api_core import exceptions
+
+    name = cloud.n.instance(node)
+    try:
+        operation = cloud.c.instances.stop_unary(project=cloud.project, zone=cloud.zone, instance=name)
+    except exceptions.NotFound:
+        raise PermanentBackendError(f"cannot stop {node}: instance {name} does not exist") from None
+    except exceptions.GoogleAPICallError as exc:
+        raise map_api_error(exc, f"stopping {name}") from None
+    cloud.wait(operation, f"stopping {name}")
 
 
 def recreate_instance(cloud, node):
@@ -334,7 +354,18 @@ def startup_outcome(cloud, name):
 def wait_started(cloud):
     """Wait until the controller's and login nodes' startup scripts ran to the end (their last
     serial-console line says so); the first one that failed ends the operation with its failing line.
-    Compute nodes are judged by Slurm instead: a node whose startup failed never registers."""
+    Compute nodes are judged by Slurm instead: a node whose startup failed never registers. Then keep
+    the controller's internal address: the console reaches its slurmrestd and agent there."""
+    wait_done(cloud)
+    controller = cloud.get(
+        lambda: cloud.c.instances.get(project=cloud.project, zone=cloud.zone, instance=cloud.n.controller)
+    )
+    address = controller.network_interfaces[0].network_i_p if controller and controller.network_interfaces else ""
+    if address and (cloud.cluster.backend_state or {}).get("controller_ip") != address:
+        cloud.backend.save_state(cloud.cluster, controller_ip=address)
+
+
+def wait_done(cloud):
     pending = set(slurm_conf.head_names(cloud))
     deadline = time.monotonic() + settings.GCE_STARTUP_TIMEOUT
     while pending:

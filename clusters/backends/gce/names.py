@@ -51,9 +51,9 @@ class Names:
     def controller(self):
         return f"{self.prefix}-ctl"
 
-    @property
-    def munge_secret(self):
-        return f"{self.prefix}-munge-key"
+    def secret(self, kind):
+        """The Secret Manager secret of one of the cluster's keys (munge, jwt, agent; keys.py)."""
+        return f"{self.prefix}-{kind}-key"
 
     def placement(self, pool_id):
         return f"{self.prefix}-place-{pool_id}"

@@ -1,18 +1,23 @@
-"""Slurm on a gce cluster's VMs: slurm.conf rendered from the spec, the startup script, the metadata
-the controller's agent reads (slurm.conf, node admin states) and the munge key in Secret Manager."""
+"""Slurm on a gce cluster's VMs: slurm.conf rendered from the spec, the startup script, and the
+metadata the controller and login nodes read (slurm.conf, gres.conf, prolog, epilog, the agent)."""
 
-import json
 from pathlib import Path
+
+from django.conf import settings
 
 from ...choices import NodeRole
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
-from ...work import PermanentBackendError, TransientBackendError
+from ...work import TransientBackendError
 from .errors import map_api_error
 from .names import is_gpu_pool
 
-# The controller's metadata key holding {node: {"state", "reason"}}, which its agent applies with scontrol.
-NODE_STATES = "tcc-node-states"
+# Where slurmctld finds the JWT key the startup script reads from Secret Manager (Slurm's docs keep it
+# beside the state); the console signs slurmrestd's tokens with the same key (keys.py).
+JWT_KEY = "/var/spool/slurmctld/jwt_hs256.key"
+# The folder under the shared /home that the console's runs, scans and the cluster agent work in.
+SHARED = "/home/tcc"
+AGENT = Path(__file__).resolve().parents[2] / "agent" / "server.py"
 
 
 def slurm_items(cloud):
@@ -36,25 +41,19 @@ def head_names(cloud):
     ]
 
 
+def agent_item(cloud):
+    """The cluster agent's code for the controller (it reads it at boot): standard library only."""
+    from google.cloud import compute_v1
+
+    return compute_v1.Items(key="tcc-agent", value=AGENT.read_text())
+
+
 def update_slurm_conf(cloud):
-    """After a resize, give the controller and login nodes the new node list (their agent reconfigures)."""
+    """After a resize, give the controller and login nodes the new node list: their watchers see the
+    change (metadata wait_for_change), and the controller's restarts slurmctld with it."""
     wanted = {item.key: item.value for item in slurm_items(cloud)}
     for name in head_names(cloud):
         change_metadata(cloud, name, lambda items: {**items, **wanted}, f"updating slurm.conf on {name}")
-
-
-def set_node_state(cloud, node, state, reason):
-    """Record the node's wanted Slurm admin state in the controller's metadata; its agent runs
-    `scontrol update nodename=NODE state=STATE reason=REASON` on each change."""
-
-    def change(items):
-        states = json.loads(items.get(NODE_STATES) or "{}")
-        states[node] = {"state": state, "reason": reason[:100]}
-        return {**items, NODE_STATES: json.dumps(states, sort_keys=True)}
-
-    what = f"{state.lower()} {node}"
-    if not change_metadata(cloud, cloud.n.controller, change, what):
-        raise PermanentBackendError(f"{what}: the controller {cloud.n.controller} does not exist")
 
 
 def change_metadata(cloud, name, change, what):
@@ -88,51 +87,6 @@ def change_metadata(cloud, name, change, what):
     raise TransientBackendError(f"{what}: the instance's metadata kept changing; will retry")
 
 
-def secret_name(cloud):
-    return f"projects/{cloud.project}/secrets/{cloud.n.munge_secret}"
-
-
-def create_munge_secret(cloud):
-    """A random munge key in Secret Manager, read by every node at boot; it never leaves Google."""
-    import secrets as random_source
-
-    from google.api_core import exceptions
-    from google.cloud import secretmanager_v1
-
-    secret = cloud.get(lambda: cloud.c.secrets.get_secret(name=secret_name(cloud)))
-    if secret is None:
-        try:
-            secret = cloud.c.secrets.create_secret(
-                parent=f"projects/{cloud.project}",
-                secret_id=cloud.n.munge_secret,
-                secret=secretmanager_v1.Secret(
-                    replication=secretmanager_v1.Replication(automatic=secretmanager_v1.Replication.Automatic()),
-                    labels=cloud.labels,
-                ),
-            )
-        except exceptions.GoogleAPICallError as exc:
-            raise map_api_error(exc, "creating the munge key secret") from None
-    elif not cloud.owned(secret):
-        raise PermanentBackendError(f"secret {cloud.n.munge_secret} already exists and was not created by this cluster")
-    versions = list(cloud.c.secrets.list_secret_versions(parent=secret_name(cloud)))
-    if not versions:
-        cloud.c.secrets.add_secret_version(
-            parent=secret_name(cloud), payload=secretmanager_v1.SecretPayload(data=random_source.token_bytes(1024))
-        )
-
-
-def delete_munge_secret(cloud):
-    from google.api_core import exceptions
-
-    secret = cloud.get(lambda: cloud.c.secrets.get_secret(name=secret_name(cloud)))
-    if secret is None or not cloud.owned(secret):
-        return
-    try:
-        cloud.c.secrets.delete_secret(name=secret_name(cloud))
-    except exceptions.NotFound:
-        return
-
-
 def render(cloud):
     """slurm.conf for the VMs: configless slurmd, one NodeName line per node, the spec's scheduling."""
     slurm = cloud.spec["orchestrator_spec"]["slurm_spec"]
@@ -143,6 +97,11 @@ def render(cloud):
         f"SlurmctldHost={cloud.n.controller}",
         "SlurmctldParameters=enable_configless",
         "AuthType=auth/munge",
+        # Slurm's default is 120 s, which is also how long a requeued job waits before it may start again.
+        f"AuthInfo=cred_expire={settings.GCE_SLURM_CRED_EXPIRE}",
+        # slurmrestd's clients (the console) authenticate with JWTs signed with the cluster's key.
+        "AuthAltTypes=auth/jwt",
+        f"AuthAltParameters=jwt_key={JWT_KEY}",
         "ProctrackType=proctrack/cgroup",
         "TaskPlugin=task/cgroup,task/affinity",
         "SelectType=select/cons_tres",
@@ -152,6 +111,12 @@ def render(cloud):
         "JobRequeue=1",
         "StateSaveLocation=/var/spool/slurmctld",
         "SlurmdSpoolDir=/var/spool/slurmd",
+        "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
+        "SlurmdLogFile=/var/log/slurm/slurmd.log",
+        # Each compute node's startup script writes this light check (spool disk), run by slurmd.
+        "HealthCheckProgram=/etc/slurm/healthcheck.sh",
+        f"HealthCheckInterval={settings.GCE_HEALTH_CHECK_INTERVAL}",
+        "HealthCheckNodeState=ANY",
     ]
     if slurm.get("prolog_bash_scripts"):
         lines.append("Prolog=/etc/slurm/prolog.sh")
@@ -237,6 +202,12 @@ def startup_script(cloud, pool, role):
         "LUSTRE_MOUNT": (storage.get("lustre") or {}).get("mount_point", "/lustre"),
         "GCS_MOUNTS": ";".join(mounts),
         "GPUS": str(gpus),
+        "SECRETS": settings.GCE_SECRET_MANAGER_ENDPOINT or "https://secretmanager.googleapis.com",
+        "SHARED": SHARED,
+        "SLURMRESTD_PORT": str(settings.GCE_SLURMRESTD_PORT),
+        "AGENT_PORT": str(settings.GCE_AGENT_PORT),
+        "NODE_PYTHON": settings.GCE_NODE_PYTHON,
+        "ACCOUNT_PREFIX": settings.POSIX_ACCOUNT_PREFIX,
         "USER_SCRIPT": pool.get("startup_script", ""),
     }
     unknown = [

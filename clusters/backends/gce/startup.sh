@@ -1,7 +1,20 @@
 #!/bin/bash
 # Startup script the gce backend puts in each instance's metadata. Values in @...@ are filled in by
-# clusters/backends/gce/slurm_conf.py. It installs Slurm, joins the cluster's controller, and mounts /home,
-# Managed Lustre and GCS FUSE buckets. It runs at every boot and is idempotent.
+# clusters/backends/gce/slurm_conf.py. It runs at every boot and is idempotent:
+#   every node:  packages the image lacks, the munge key from Secret Manager, munged, /home, Lustre and
+#                GCS FUSE mounts;
+#   controller:  slurm.conf from metadata, the JWT key, slurmctld, slurmrestd (JWT) and the cluster agent
+#                (the console's only ways in), and a watcher that reloads slurm.conf when a resize changes it;
+#   compute:     a configless slurmd (slurm.conf and gres.conf come from the controller);
+#   login:       slurm.conf for the users' Slurm clients, kept current by the same watcher.
+# Each step that fails stops the script with one line, `tcc-startup: FAILED: <what>`, and the last line
+# is `tcc-startup: done`: the console reads them from the serial console.
+#
+# TCC_SIMULATED_VM (set only by the tests' fake Compute API, tests/fake_vms.py, which boots each
+# instance as a process tree on one machine) skips what such a VM cannot do: package installs, cloud
+# mounts (the fake binds the cluster's Filestore folder on /home itself), and cgroup process tracking
+# (a container gives no cgroup hierarchy of its own: measured, slurmd stops at "cgroup namespace
+# 'freezer' not mounted"), which becomes proctrack/linuxproc there.
 set -euo pipefail
 ROLE='@ROLE@'
 CLUSTER='@CLUSTER@'
@@ -11,21 +24,137 @@ LUSTRE='@LUSTRE@'
 LUSTRE_MOUNT='@LUSTRE_MOUNT@'
 GCS_MOUNTS='@GCS_MOUNTS@'
 GPUS='@GPUS@'
+SECRETS='@SECRETS@'
+SHARED='@SHARED@'
+SLURMRESTD_PORT='@SLURMRESTD_PORT@'
+AGENT_PORT='@AGENT_PORT@'
+NODE_PYTHON='@NODE_PYTHON@'
+ACCOUNT_PREFIX='@ACCOUNT_PREFIX@'
+SIMULATED=${TCC_SIMULATED_VM:-}
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive
 fail() { echo "tcc-startup: FAILED: $*" >&2; exit 1; }  # the console shows this line from the serial console
 
-export DEBIAN_FRONTEND=noninteractive
-if ! command -v slurmd >/dev/null; then
-  apt-get update -qq
-  apt-get install -y -qq munge slurm-client slurmd slurmctld nfs-common curl gnupg lsb-release >/dev/null
+META="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1"
+meta() { curl -sf -H Metadata-Flavor:Google "$META/$1"; }
+mkdir -p /run/tcc && chmod 0700 /run/tcc
+# The watcher below runs this script again with `watch-conf`; the runner's copy may be gone by then.
+[ "$0" = /run/tcc/startup.sh ] || cp "$0" /run/tcc/startup.sh
+
+systemd_booted() { [ -d /run/systemd/system ]; }
+
+daemon() {  # daemon NAME COMMAND...: a service run in the foreground and started again whenever it ends
+  local name=$1; shift
+  if systemd_booted; then
+    systemctl stop "$name" 2>/dev/null || true
+    systemctl reset-failed "$name" 2>/dev/null || true
+    systemd-run --quiet --unit="$name" --property=Restart=always --property=RestartSec=2 "$@"
+  else
+    setsid bash -c 'while :; do "$@"; sleep 2; done' "$name" "$@" >>"/var/log/$name.log" 2>&1 </dev/null &
+  fi
+}
+
+restart() {  # restart NAME PROGRAM: end the service's program; it starts again (daemon above)
+  if systemd_booted; then
+    systemctl restart "$1"
+  else
+    pkill -x "$2" || true
+  fi
+}
+
+listening() {  # listening PORT: wait up to 60 s until something accepts connections on it
+  for _ in $(seq 300); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
+resolvable() {  # wait up to 2 minutes until every node's host name in slurm.conf resolves
+  # slurmctld resolves them all when it starts, and one the VPC's DNS does not know yet (its instance is
+  # still being made) costs it 5 attempts of 11 s each (measured): waiting here is shorter.
+  local names
+  names=$(sed -n 's/.*NodeHostname=\([^ ]*\).*/\1/p' /etc/slurm/slurm.conf)
+  for _ in $(seq 120); do
+    local missing=""
+    for name in $names; do getent hosts "$name" >/dev/null || missing=$name; done
+    [ -z "$missing" ] && return 0
+    sleep 1
+  done
+  echo "tcc-startup: $missing does not resolve yet; starting slurmctld all the same"
+}
+
+write_conf() {  # slurm.conf (and gres.conf) from the metadata; true when it changed
+  mkdir -p /etc/slurm
+  meta instance/attributes/slurm-conf > /etc/slurm/slurm.conf.new || { rm -f /etc/slurm/slurm.conf.new; return 1; }
+  if [ -n "$SIMULATED" ]; then
+    sed -i 's#^ProctrackType=.*#ProctrackType=proctrack/linuxproc#; s#^TaskPlugin=.*#TaskPlugin=task/none#' \
+      /etc/slurm/slurm.conf.new
+  fi
+  meta instance/attributes/slurm-gres-conf > /etc/slurm/gres.conf || true
+  for hook in prolog epilog; do
+    meta "instance/attributes/slurm-$hook" > "/etc/slurm/$hook.sh" || true
+    chmod 0755 "/etc/slurm/$hook.sh"
+  done
+  if cmp -s /etc/slurm/slurm.conf.new /etc/slurm/slurm.conf; then
+    rm /etc/slurm/slurm.conf.new
+    return 1
+  fi
+  mv /etc/slurm/slurm.conf.new /etc/slurm/slurm.conf
+}
+
+if [ "${1:-}" = watch-conf ]; then
+  # Wait for the console to change slurm-conf (a resize) and reload; the ETag makes each wait start
+  # where the last one ended, so no change is missed between two waits.
+  etag=NONE
+  while true; do
+    headers=$(curl -sf -D - -o /dev/null -H Metadata-Flavor:Google \
+      "$META/instance/attributes/slurm-conf?wait_for_change=true&last_etag=$etag&timeout_sec=60") || { sleep 5; continue; }
+    etag=$(printf '%s\n' "$headers" | tr -d '\r' | awk 'tolower($1) == "etag:" {print $2}')
+    if write_conf && [ "$ROLE" = controller ]; then
+      resolvable
+      restart tcc-slurmctld slurmctld  # Slurm 22.05 adds or removes nodes only on a restart
+      echo "$(date -Is) slurm.conf changed: slurmctld restarted"
+    fi
+  done
 fi
-if [ -n "$GCS_MOUNTS" ] && ! command -v gcsfuse >/dev/null; then
+
+secret() {  # secret NAME FILE: the latest version of a Secret Manager secret, with the VM's service account
+  local token
+  token=$(meta instance/service-accounts/default/token | python3 -c 'import json,sys; print(json.load(sys.stdin)["access_token"])') \
+    || return 1
+  (umask 077; curl -sf -H "Authorization: Bearer $token" "$SECRETS/v1/projects/$PROJECT/secrets/$1/versions/latest:access" \
+    | python3 -c 'import base64,json,sys; sys.stdout.buffer.write(base64.b64decode(json.load(sys.stdin)["payload"]["data"]))' \
+    > "$2.new") || { rm -f "$2.new"; return 1; }
+  mv "$2.new" "$2"
+}
+
+NAME=$(meta instance/name) || fail "reading the instance name from the metadata server"
+PROJECT=$(meta project/project-id) || fail "reading the project id from the metadata server"
+NODE=${NAME#"$CLUSTER"-}
+
+# -- packages the image lacks ----------------------------------------------------------------------
+packages=(munge slurm-client curl python3)
+case "$ROLE" in
+  controller) packages+=(slurmctld slurmrestd slurm-wlm-jwt-plugin) ;;
+  compute) packages+=(slurmd) ;;
+esac
+[ -n "$HOME_SHARE" ] && packages+=(nfs-common)
+missing=()
+for pkg in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ -z "$SIMULATED" ] && [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    || fail "installing ${missing[*]}"
+fi
+if [ -z "$SIMULATED" ] && [ -n "$GCS_MOUNTS" ] && ! command -v gcsfuse >/dev/null; then
   # Cloud Storage FUSE from Google's apt repository (https://cloud.google.com/storage/docs/cloud-storage-fuse/install).
   curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg | gpg --dearmor -o /usr/share/keyrings/cloud.google.gpg
   echo "deb [signed-by=/usr/share/keyrings/cloud.google.gpg] https://packages.cloud.google.com/apt gcsfuse-$(lsb_release -cs) main" \
     > /etc/apt/sources.list.d/gcsfuse.list
   apt-get update -qq && apt-get install -y -qq gcsfuse >/dev/null || fail "installing gcsfuse"
 fi
-if [ -n "$LUSTRE" ] && ! command -v mount.lustre >/dev/null; then
+if [ -z "$SIMULATED" ] && [ -n "$LUSTRE" ] && ! command -v mount.lustre >/dev/null; then
   fail "the image has no Lustre client (mount.lustre); use an image with Managed Lustre's client (GCE_IMAGE / GCE_GPU_IMAGE)"
 fi
 if [ "$ROLE" = compute ] && [ "$GPUS" -gt 0 ]; then
@@ -34,93 +163,96 @@ if [ "$ROLE" = compute ] && [ "$GPUS" -gt 0 ]; then
   [ "$found" -eq "$GPUS" ] || fail "nvidia-smi lists $found GPUs, the machine type has $GPUS"
 fi
 
-META=http://metadata.google.internal/computeMetadata/v1/instance/attributes
-# The munge key lives in Secret Manager (${CLUSTER}-munge-key), never in instance metadata.
-gcloud secrets versions access latest --secret="${CLUSTER}-munge-key" --out-file=/etc/munge/munge.key \
+if systemd_booted; then  # Debian's own units start with its defaults; ours (below) run instead
+  systemctl disable --now slurmctld slurmd slurmrestd 2>/dev/null || true
+fi
+
+# -- munge: the key lives in Secret Manager (${CLUSTER}-munge-key), never in instance metadata --------
+mkdir -p /etc/munge /var/lib/munge /var/log/munge /run/munge
+secret "$CLUSTER-munge-key" /etc/munge/munge.key \
   || fail "reading the munge key from Secret Manager (does the VM's service account have secretmanager.versions.access?)"
-chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
-systemctl restart munge
-
-if [ -n "$HOME_SHARE" ] && ! mountpoint -q /home; then
-  # Filestore by its IP and share, e.g. 10.0.0.2:/home.
-  mount -t nfs -o vers=3,hard,timeo=600 "$HOME_SHARE" /home || fail "mounting /home from $HOME_SHARE"
+chown munge:munge /etc/munge /etc/munge/munge.key /var/lib/munge /var/log/munge /run/munge
+chmod 0700 /etc/munge && chmod 0400 /etc/munge/munge.key
+if systemd_booted; then
+  systemctl restart munge
+else
+  pkill -x munged || true
+  runuser -u munge -- /usr/sbin/munged || fail "starting munged"
 fi
-if [ -n "$LUSTRE" ] && ! mountpoint -q "$LUSTRE_MOUNT"; then
-  # Managed Lustre by its mount point, e.g. 10.0.0.3@tcp:/lustrefs.
-  mkdir -p "$LUSTRE_MOUNT"
-  mount -t lustre "$LUSTRE" "$LUSTRE_MOUNT" || fail "mounting $LUSTRE on $LUSTRE_MOUNT"
-fi
-IFS=';' read -ra mounts <<< "$GCS_MOUNTS"
-for entry in "${mounts[@]}"; do
-  [ -n "$entry" ] || continue
-  read -r bucket point options <<< "$entry"
-  mkdir -p "$point"
-  mountpoint -q "$point" || gcsfuse ${options:+-o "$options"} "$bucket" "$point" || fail "mounting gs://$bucket on $point"
-done
 
-write_conf() {
-  # The controller and login nodes get slurm.conf, prolog and epilog from their metadata.
-  mkdir -p /etc/slurm
-  curl -sf -H Metadata-Flavor:Google "$META/slurm-conf" > /etc/slurm/slurm.conf.new && mv /etc/slurm/slurm.conf.new /etc/slurm/slurm.conf
-  # Configless slurmds fetch gres.conf from the controller with slurm.conf.
-  curl -sf -H Metadata-Flavor:Google "$META/slurm-gres-conf" > /etc/slurm/gres.conf.new && mv /etc/slurm/gres.conf.new /etc/slurm/gres.conf || true
-  for hook in prolog epilog; do
-    curl -sf -H Metadata-Flavor:Google "$META/slurm-$hook" > "/etc/slurm/$hook.sh" || true
-    chmod 0755 "/etc/slurm/$hook.sh"
+# -- shared storage ---------------------------------------------------------------------------------
+if [ -z "$SIMULATED" ]; then
+  if [ -n "$HOME_SHARE" ] && ! mountpoint -q /home; then
+    # Filestore by its IP and share, e.g. 10.0.0.2:/home.
+    mount -t nfs -o vers=3,hard,timeo=600 "$HOME_SHARE" /home || fail "mounting /home from $HOME_SHARE"
+  fi
+  if [ -n "$LUSTRE" ] && ! mountpoint -q "$LUSTRE_MOUNT"; then
+    # Managed Lustre by its mount point, e.g. 10.0.0.3@tcp:/lustrefs.
+    mkdir -p "$LUSTRE_MOUNT"
+    mount -t lustre "$LUSTRE" "$LUSTRE_MOUNT" || fail "mounting $LUSTRE on $LUSTRE_MOUNT"
+  fi
+  IFS=';' read -ra mounts <<< "$GCS_MOUNTS"
+  for entry in "${mounts[@]}"; do
+    [ -n "$entry" ] || continue
+    read -r bucket point options <<< "$entry"
+    mkdir -p "$point"
+    mountpoint -q "$point" || gcsfuse ${options:+-o "$options"} "$bucket" "$point" || fail "mounting gs://$bucket on $point"
   done
-}
+fi
 
+# -- Slurm ------------------------------------------------------------------------------------------
+mkdir -p /var/log/slurm
 case "$ROLE" in
   controller)
-    write_conf
-    mkdir -p /var/spool/slurmctld && chown slurm: /var/spool/slurmctld
-    systemctl enable --now slurmctld
-    # Reload when the console changes the node list (a resize sets new metadata).
-    nohup bash -c "while curl -sf -H Metadata-Flavor:Google '$META/slurm-conf?wait_for_change=true' >/dev/null; do
-      $(declare -f write_conf); META=$META write_conf; systemctl restart slurmctld; done" >/var/log/tcc-conf-agent.log 2>&1 &
-    # Drain / resume asked by the console's repairs: tcc-node-states is {node: {state, reason}}.
-    cat > /usr/local/bin/tcc-node-states <<'AGENT'
-#!/usr/bin/env python3
-# Apply only the entries that changed since the last run: re-applying an old RESUME would undo a
-# drain Slurm made since (HealthCheckProgram).
-import json, pathlib, subprocess, sys
-seen = pathlib.Path("/var/lib/tcc/node-states.json")
-before = json.loads(seen.read_text()) if seen.exists() else {}
-wanted = json.load(sys.stdin)
-for node, want in sorted(wanted.items()):
-    if before.get(node) == want:
-        continue
-    args = ["scontrol", "update", f"nodename={node}", f"state={want['state']}"]
-    if want.get("reason"):
-        args.append(f"reason={want['reason']}")
-    subprocess.run(args, check=False)  # resuming an idle node is refused by Slurm: harmless
-seen.parent.mkdir(parents=True, exist_ok=True)
-seen.write_text(json.dumps(wanted))
-AGENT
-    chmod 0755 /usr/local/bin/tcc-node-states
-    nohup bash -c "while true; do
-      if states=\$(curl -sf -H Metadata-Flavor:Google '$META/tcc-node-states?wait_for_change=true'); then
-        echo \"\$states\" | /usr/local/bin/tcc-node-states
-      else
-        sleep 10  # no key yet (no repair so far) or the metadata server is busy
-      fi
-    done" >/var/log/tcc-node-states.log 2>&1 &
+    mkdir -p /var/spool/slurmctld "$SHARED"
+    # slurmrestd's clients (the console) sign their JWTs with this key; slurmctld checks them.
+    secret "$CLUSTER-jwt-key" /var/spool/slurmctld/jwt_hs256.key || fail "reading the JWT key from Secret Manager"
+    write_conf || [ -s /etc/slurm/slurm.conf ] || fail "reading slurm.conf from the metadata"
+    resolvable
+    daemon tcc-slurmctld slurmctld -D
+    daemon tcc-slurmrestd env SLURM_JWT=daemon slurmrestd -a rest_auth/jwt -s openapi/v0.0.38 -u nobody "0.0.0.0:$SLURMRESTD_PORT"
+    # The cluster agent (the console's clusters/agent/server.py, standard library only): files under the
+    # shared home, the Slurm actions slurmrestd lacks, TensorBoard. Its key is in Secret Manager too.
+    meta instance/attributes/tcc-agent > /run/tcc/agent.py || fail "reading the cluster agent from the metadata"
+    secret "$CLUSTER-agent-key" /run/tcc/agent.key || fail "reading the agent key from Secret Manager"
+    ip=$(meta instance/network-interfaces/0/ip) || fail "reading the controller's address from the metadata"
+    daemon tcc-agent python3 /run/tcc/agent.py --home "$SHARED" --key-file /run/tcc/agent.key \
+      --listen "0.0.0.0:$AGENT_PORT" --slurm-conf /etc/slurm/slurm.conf \
+      --tensorboard-python "$NODE_PYTHON" --tensorboard-host "$ip" --account-prefix "$ACCOUNT_PREFIX"
+    daemon tcc-conf-watch bash /run/tcc/startup.sh watch-conf
+    # "done" means the console can reach the controller: both of its doors answer.
+    listening "$SLURMRESTD_PORT" || fail "slurmrestd is not listening on $SLURMRESTD_PORT (see /var/log/tcc-slurmrestd.log)"
+    listening "$AGENT_PORT" || fail "the cluster agent is not listening on $AGENT_PORT (see /var/log/tcc-agent.log)"
     ;;
   compute)
-    # Configless: slurmd fetches slurm.conf from the controller; the node name is the host name less the prefix.
-    echo "SLURMD_OPTIONS=\"--conf-server $CONTROLLER -N ${HOSTNAME#"$CLUSTER"-}\"" > /etc/default/slurmd
-    systemctl enable --now slurmd
+    mkdir -p /var/spool/slurmd
+    # Slurm's HealthCheckProgram (slurm.conf): slurmd runs it as root every HealthCheckInterval with only
+    # SLURMD_NODENAME set, so every path is whole. It drains a node whose spool disk is nearly full (or
+    # that a rehearsal's fault file says is); the console then repairs it.
+    cat > /etc/slurm/healthcheck.sh <<HEALTH
+#!/bin/bash
+export SLURM_CONF=/var/spool/slurmd/conf-cache/slurm.conf
+used=\$(/usr/bin/df --output=pcent /var/spool/slurmd | /usr/bin/tail -1 | /usr/bin/tr -dc 0-9)
+if /usr/bin/grep -qs disk_full "$SHARED/.tcc/faults/\$SLURMD_NODENAME.json"; then used=100; fi
+if [ "\${used:-0}" -ge 95 ]; then
+  /usr/bin/scontrol update nodename=\$SLURMD_NODENAME state=drain reason="tcc disk: spool \$used% used"
+fi
+exit 0
+HEALTH
+    chmod 0755 /etc/slurm/healthcheck.sh
+    # Configless: slurmd fetches slurm.conf from the controller (started again until the controller
+    # knows this node); the node name is the instance name less the cluster's prefix.
+    daemon tcc-slurmd slurmd -D --conf-server "$CONTROLLER" -N "$NODE"
     ;;
   login)
-    write_conf
-    nohup bash -c "while curl -sf -H Metadata-Flavor:Google '$META/slurm-conf?wait_for_change=true' >/dev/null; do
-      $(declare -f write_conf); META=$META write_conf; done" >/var/log/tcc-conf-agent.log 2>&1 &
+    write_conf || [ -s /etc/slurm/slurm.conf ] || fail "reading slurm.conf from the metadata"
+    daemon tcc-conf-watch bash /run/tcc/startup.sh watch-conf
     ;;
 esac
 
 # The pool's own startup_script from the spec runs last.
-cat > /tmp/tcc-user-startup.sh <<'USER_SCRIPT'
+cat > /run/tcc/user-startup.sh <<'USER_SCRIPT'
 @USER_SCRIPT@
 USER_SCRIPT
-bash /tmp/tcc-user-startup.sh || fail "the node pool's own startup_script"
+bash /run/tcc/user-startup.sh || fail "the node pool's own startup_script"
 echo "tcc-startup: done"  # the console waits for this line on the serial console

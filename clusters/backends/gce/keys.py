@@ -1,0 +1,81 @@
+"""A gce cluster's keys, in Secret Manager: the munge key (every node reads it at boot), the JWT key
+(slurmctld checks the tokens the console signs with it) and the agent key (the cluster agent checks
+the bearer the console sends). Each is random, made once, labelled as the cluster's, and never in
+instance metadata, the console's database, a page or a log; the console reads the two it needs from
+Secret Manager with its own credentials and keeps them in memory only."""
+
+import contextlib
+import secrets as random_source
+import threading
+
+from ...work import PermanentBackendError
+from .errors import map_api_error
+
+SIZES = {"munge": 1024, "jwt": 32, "agent": 32}  # bytes; munge's own keys are 1 KiB
+
+_cache = {}  # (endpoint, secret name) -> bytes: a cluster's keys never change while it exists
+_lock = threading.Lock()
+
+
+def secret_name(cloud, kind):
+    return f"projects/{cloud.project}/secrets/{cloud.n.secret(kind)}"
+
+
+def create_keys(cloud):
+    """Each key's secret and its one version, unless there already (a rerun finds them)."""
+    from google.api_core import exceptions
+    from google.cloud import secretmanager_v1
+
+    for kind, size in SIZES.items():
+        name = secret_name(cloud, kind)
+        secret = cloud.get(lambda name=name: cloud.c.secrets.get_secret(name=name))
+        if secret is None:
+            try:
+                cloud.c.secrets.create_secret(
+                    parent=f"projects/{cloud.project}",
+                    secret_id=cloud.n.secret(kind),
+                    secret=secretmanager_v1.Secret(
+                        replication=secretmanager_v1.Replication(automatic=secretmanager_v1.Replication.Automatic()),
+                        labels=cloud.labels,
+                    ),
+                )
+            except exceptions.AlreadyExists:
+                pass  # made by a concurrent rerun
+            except exceptions.GoogleAPICallError as exc:
+                raise map_api_error(exc, f"creating the {kind} key secret") from None
+        elif not cloud.owned(secret):
+            raise PermanentBackendError(
+                f"secret {cloud.n.secret(kind)} already exists and was not created by this cluster"
+            )
+        if not list(cloud.c.secrets.list_secret_versions(parent=name)):
+            cloud.c.secrets.add_secret_version(
+                parent=name, payload=secretmanager_v1.SecretPayload(data=random_source.token_bytes(size))
+            )
+
+
+def delete_keys(cloud):
+    from google.api_core import exceptions
+
+    for kind in SIZES:
+        name = secret_name(cloud, kind)
+        secret = cloud.get(lambda name=name: cloud.c.secrets.get_secret(name=name))
+        if secret is None or not cloud.owned(secret):
+            continue
+        with contextlib.suppress(exceptions.NotFound):
+            cloud.c.secrets.delete_secret(name=name)
+        with _lock:
+            _cache.pop((cloud.c.endpoint, name), None)
+
+
+def read_key(cloud, kind):
+    """The key's bytes, read once per console process (Secret Manager's access call)."""
+    name = secret_name(cloud, kind)
+    with _lock:
+        if (cloud.c.endpoint, name) in _cache:
+            return _cache[(cloud.c.endpoint, name)]
+    found = cloud.get(lambda: cloud.c.secrets.access_secret_version(name=f"{name}/versions/latest"))
+    if found is None:
+        raise PermanentBackendError(f"the cluster's {kind} key ({cloud.n.secret(kind)}) is missing in Secret Manager")
+    with _lock:
+        _cache[(cloud.c.endpoint, name)] = found.payload.data
+    return found.payload.data

@@ -1,0 +1,168 @@
+"""gce clusters whose VMs boot (tests/fake_vms.py): the real startup script brings up munge, slurmctld,
+slurmrestd and the cluster agent on the controller and configless slurmds on the workers, and the
+console reaches them as it would a real VPC. What is gce's own: the keys in Secret Manager, resizes
+that boot and delete VMs, a Spot VM the cloud takes back, a startup script that fails, and delete.
+(The scans, repairs, recipes and slurmrestd tests that both backends share run on these VMs too:
+tests/test_health.py, test_recipes.py, test_slurm_rest.py.) Persona: gail runs "glab/train"."""
+
+import base64
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from clusters import services
+from clusters.agent.client import AgentClient, AgentEndpoint, AgentRefused
+from clusters.backends import get_backend
+from clusters.backends.gce.names import names
+from clusters.choices import ClusterStatus, OperationStatus
+from clusters.models import Cluster, Operation
+from clusters.operations import engine
+from clusters.slurm.rest import SlurmEndpoint, SlurmRest
+
+from .conftest import api_client_for, gce_spec, module_cluster, wait_until
+from .test_safe_defaults import exchange, leaks
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def cluster(request, django_db_setup, django_db_blocker, slurm):
+    with module_cluster(
+        django_db_blocker, username="gail", project_slug="glab", request=request, backend="gce"
+    ) as found:
+        yield found
+
+
+@pytest.fixture
+def fake(booted_cloud):
+    return booted_cloud
+
+
+def backend():
+    return get_backend("gce")
+
+
+def run(operation):
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    return Cluster.objects.get(pk=operation.cluster_id)
+
+
+def keys_of(fake, cluster):
+    prefix = names(cluster.project.slug, cluster.name).prefix
+    return {
+        kind: base64.b64decode(fake.secret_versions[f"projects/tcc-test/secrets/{prefix}-{kind}-key"][0]["data"])
+        for kind in ("munge", "jwt", "agent")
+    }
+
+
+def test_the_console_reaches_the_controller_only_with_the_keys_in_secret_manager(cluster, fake):
+    assert cluster.status == ClusterStatus.READY
+    assert "the first health scan passed" in cluster.events.first().message
+    keys = keys_of(fake, cluster)
+    endpoint = backend().slurm_endpoint(cluster)
+    address = cluster.backend_state["controller_ip"]
+    assert endpoint.url == f"http://{address}:6820" and endpoint.jwt_key == keys["jwt"]
+    assert {n.name: (n.state, n.cpus) for n in SlurmRest(endpoint).nodes()} == {
+        "cpu-0": ("idle", 2),
+        "cpu-1": ("idle", 2),
+    }
+    stranger = SlurmRest(SlurmEndpoint(endpoint.url, b"not-the-cluster-key-0123456789ab"))
+    status, body = stranger.request("GET", "/slurm/v0.0.38/nodes")
+    assert status >= 400 and json.loads(body)["nodes"] == []
+    with pytest.raises(AgentRefused) as refused:
+        AgentClient(AgentEndpoint(f"http://{address}:6821", "00" * 32)).stat(".")
+    assert refused.value.status == 401
+    assert backend().agent(cluster).stat(".")["exists"]
+
+
+def test_no_key_reaches_a_page_an_answer_or_a_log_line(cluster, fake, client, caplog):
+    caplog.set_level("DEBUG")
+    owner = cluster.project.members.get()
+    forms = (("hex", bytes.hex), ("base64", lambda k: base64.b64encode(k).decode()))
+    secrets = {
+        f"{kind} ({form})": encode(key) for kind, key in keys_of(fake, cluster).items() for form, encode in forms
+    }
+    api = api_client_for(owner)
+    texts = [
+        exchange(api, "get", f"/api/v1/projects/glab/clusters/train/{path}")[1] for path in ("", "nodes/", "jobs/")
+    ]
+    call = {"method": "HTTP_METHOD_GET", "path": "/slurm/v0.0.38/nodes"}
+    texts.append(exchange(api, "post", "/v1beta1/projects/glab/locations/us-central1/modelDevelopmentClusters/"
+                                       "train:callSlurmRestApi", data=call, format="json")[1])  # fmt: skip
+    client.force_login(owner)
+    texts += [exchange(client, "get", f"/clusters/glab/train/{path}")[1] for path in ("", "nodes/", "jobs/", "health/")]
+    texts.append(str(cluster.backend_state) + str(list(Operation.objects.values())) + caplog.text)
+    texts += [json.dumps(instance) for instance in fake.instances().values()]  # metadata included
+    assert leaks(texts, secrets) == set()
+
+
+def test_a_resize_boots_vms_that_join_configless_and_a_shrink_deletes_them(cluster, fake):
+    prefix = names("glab", "train").prefix
+    grown = run(services.update_cluster(cluster=cluster, spec=gce_spec(cpu=3)))
+    assert grown.status == ClusterStatus.READY, grown.status_message
+    assert f"{prefix}-cpu-2" in fake.vpc.vms
+    assert {n.name: n.state for n in backend().node_statuses(grown)} == {
+        "cpu-0": "idle",
+        "cpu-1": "idle",
+        "cpu-2": "idle",
+    }
+    assert backend().slurm(grown).reservations() == {}  # its first-scan hold ended with the scan
+    shrunk = run(services.update_cluster(cluster=grown, spec=gce_spec(cpu=2)))
+    assert sorted(n.name for n in backend().node_statuses(shrunk)) == ["cpu-0", "cpu-1"]
+    assert f"{prefix}-cpu-2" not in fake.vpc.vms
+    assert not [key for key in fake.instances() if key.endswith(f"{prefix}-cpu-2")]
+
+
+def test_a_spot_vm_the_cloud_takes_back_is_repaired_on_a_new_vm(fake, alpha, alice, settings, slurm):
+    from clusters.health import repair
+
+    settings.AUTO_REPAIR = True
+    alpha.gcp_project_id = "tcc-test"
+    alpha.save()
+    spec = gce_spec(cpu=2)
+    spec["display_name"] = "spot"
+    spec["node_pools"][1]["provisioning_model"] = "SPOT"
+    spot = run(services.create_cluster(project=alpha, name="spot", spec=spec, user=alice))
+    assert spot.status == ClusterStatus.READY, spot.status_message
+    instance = f"{names('alpha', 'spot').prefix}-cpu-1"
+    booted = fake.vpc.vms[instance]
+    fake.take_back(instance)  # preempted: Compute powers it off and deletes it
+    fix = wait_until(lambda: repair.watch(Cluster.objects.get(pk=spot.pk)), message="the repair to start")
+    assert (fix.params["node"], fix.params["failure"], fix.params["action"]) == ("cpu-1", "unresponsive", "reboot")
+    assert spot.events.filter(message__contains="the Spot VM was taken back").exists()
+    run(fix)
+    assert fake.vpc.vms[instance] is not booted  # a new VM from the pool's template
+    assert {n.name: n.state for n in backend().node_statuses(spot)}["cpu-1"] == "idle"
+    run(services.delete_cluster(cluster=Cluster.objects.get(pk=spot.pk)))
+
+
+def test_a_pool_startup_script_that_fails_fails_the_create_with_its_line(fake, alpha, alice, slurm):
+    alpha.gcp_project_id = "tcc-test"
+    alpha.save()
+    spec = gce_spec(cpu=1)
+    spec["display_name"] = "broken"
+    spec["node_pools"][0]["startup_script"] = "echo preparing the login node\nexit 3\n"
+    operation = services.create_cluster(project=alpha, name="broken", spec=spec, user=alice)
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.FAILED
+    assert "login-0: startup script FAILED: the node pool's own startup_script" in operation.error
+    broken = Cluster.objects.get(pk=operation.cluster_id)
+    assert broken.events.filter(message__contains="FAILED: the node pool's own startup_script").exists()
+    run(services.delete_cluster(cluster=broken))
+
+
+def test_deleting_the_cluster_leaves_no_vm_resource_or_key(cluster, fake):
+    """The module's last test: it deletes the module's cluster."""
+    prefix = names("glab", "train").prefix
+    client = SlurmRest(backend().slurm_endpoint(cluster))
+    run(services.delete_cluster(cluster=cluster))
+    assert not [name for name in fake.vpc.vms if name.startswith(prefix)]
+    assert not [key for key, value in fake.resources.items() if prefix in json.dumps(value)]
+    assert not [name for name in fake.secret_versions if prefix in name]
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(client.endpoint.url, timeout=2)
