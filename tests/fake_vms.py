@@ -191,7 +191,7 @@ class VM:
                  "bash", "-c", INIT, "tcc-vm-init", str(self.folder), self.name, str(share), str(self.vpc.hosts),
                  metadata_host, str(self.vpc.resolv)],
                 stdin=subprocess.DEVNULL, stdout=serial, stderr=serial, start_new_session=True,
-                env={"PATH": VM_PATH},
+                env={"PATH": VM_PATH}, cwd=self.folder,  # a daemon's core file stays on the VM's own disk
             )  # fmt: skip
 
     @property

@@ -27,15 +27,17 @@ Rules every backend keeps:
   reservations, reconfigure, handing a run's folder to a user) the agent does beside slurmctld.
 """
 
+import contextlib
 import posixpath
 from dataclasses import dataclass
 
 from .. import processes
-from ..agent.client import AgentClient, AgentEndpoint
+from ..agent.client import AgentClient, AgentEndpoint, AgentRefused
 from ..slurm.batch import job_properties
 from ..slurm.rest import SERVICE_USER, SlurmEndpoint, SlurmRest
 from ..slurm.states import JobStatus, NodeStatus
 from ..work import BackendError, PermanentBackendError, Step, TransientBackendError
+from . import slurm_waits
 
 __all__ = [
     "AgentEndpoint",
@@ -189,6 +191,17 @@ class Backend:
 
     def resume(self, cluster, node):
         self.agent(cluster).slurm("resume", node=node)
+
+    def restart_node(self, cluster, node, restart, timeout):
+        """A reboot as Slurm should see it: the node is marked DOWN first, so its jobs end (requeueable
+        ones are requeued) at once instead of after SlurmdTimeout; then `restart()` (the backend's own
+        way: a slurmd restart, an instance reset) and a wait until the node's new slurmd registered."""
+        slurm = self.slurm(cluster)
+        before = slurm_waits.slurmd_start_time(slurm, node)
+        with contextlib.suppress(AgentRefused):  # a node Slurm cannot mark down is restarted all the same
+            self.agent(cluster).slurm("down", node=node, reason="tcc reboot")
+        restart()
+        slurm_waits.wait_registered(slurm, node, before, timeout)
 
     def reboot(self, cluster, node):
         """Restart the node (its jobs die with it) and wait until its slurmd registers again."""

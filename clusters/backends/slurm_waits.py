@@ -29,6 +29,24 @@ def wait_idle(slurm, names, timeout, interval=0.2):
         raise TransientBackendError(f"nodes did not become idle within {timeout:.0f} s ({detail})")
 
 
+def wait_node_list(slurm, wanted, timeout, interval):
+    """Wait until slurmctld answers (through slurmrestd) with exactly the `wanted` nodes: after a resize,
+    a controller that reads its slurm.conf elsewhere restarts with the new one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            known = {status.name for status in slurm.nodes()}
+            problem = "" if known == set(wanted) else f"Slurm knows {len(known)} nodes, {len(wanted)} wanted"
+        except TransientBackendError as exc:
+            problem = str(exc)
+        if not problem:
+            return
+        if time.monotonic() > deadline:
+            raise TransientBackendError(f"the controller's Slurm is not ready: {problem}")
+        heartbeat(problem)
+        time.sleep(interval)
+
+
 def node_status(slurm, node):
     return next((status for status in slurm.nodes() if status.name == node), None)
 

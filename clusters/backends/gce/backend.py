@@ -17,18 +17,14 @@ cluster's resources and the generic create / delete / wait), network, storage, i
 slurm_conf; this class maps the backend contract onto them.
 """
 
-import contextlib
-import time
 from pathlib import Path
 
 from django.conf import settings
 
-from ...agent.client import AgentRefused
 from ...choices import NodeState
 from ...slurm.states import NodeStatus
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
-from ...work import TransientBackendError, heartbeat
 from .. import slurm_waits
 from ..base import AgentEndpoint, Backend, NodeShape, SlurmEndpoint, Step
 from . import fabric, instances, keys, network, slurm_conf, storage
@@ -206,7 +202,12 @@ class GceBackend(Backend):
         new = list(cluster.compute_nodes().filter(state=NodeState.PROVISIONING).values_list("name", flat=True))
         if self.runs_jobs:
             steps.append(
-                Step("Wait for slurmctld to know every wanted node", lambda ctx: self.wait_node_list(cluster, wanted))
+                Step(
+                    "Wait for slurmctld to know every wanted node",
+                    lambda ctx: slurm_waits.wait_node_list(
+                        self.slurm(cluster), wanted, settings.GCE_STARTUP_TIMEOUT, settings.GCE_POLL_INTERVAL
+                    ),
+                )
             )
             # Configless slurmds keep the slurm.conf they fetched: a reconfigure makes them fetch the new
             # one (else a job step on an old node cannot find a new node: "can't find address for host").
@@ -230,23 +231,6 @@ class GceBackend(Backend):
                 )
             )
         return steps
-
-    def wait_node_list(self, cluster, wanted):
-        """Wait until slurmctld answers (through slurmrestd) with exactly the wanted nodes: after a
-        resize, the controller's watcher restarts it with the new slurm.conf."""
-        slurm, deadline = self.slurm(cluster), time.monotonic() + settings.GCE_STARTUP_TIMEOUT
-        while True:
-            try:
-                known = {status.name for status in slurm.nodes()}
-                problem = "" if known == set(wanted) else f"Slurm knows {len(known)} nodes, {len(wanted)} wanted"
-            except TransientBackendError as exc:
-                problem = str(exc)
-            if not problem:
-                return
-            if time.monotonic() > deadline:
-                raise TransientBackendError(f"the controller's Slurm is not ready: {problem}")
-            heartbeat(problem)
-            time.sleep(settings.GCE_POLL_INTERVAL)
 
     def delete_steps(self, cluster):
         cloud = Cloud(self, cluster)
@@ -346,14 +330,8 @@ class GceBackend(Backend):
         self.restart(cluster, node, instances.recreate_instance)
 
     def restart(self, cluster, node, how):
-        """Slurm is told first (state DOWN), so the jobs on the node end or requeue at once instead of
-        after SlurmdTimeout; then the instance restarts, and we wait until its new slurmd registered."""
-        if not self.runs_jobs:
-            how(Cloud(self, cluster), node)
-            return
-        slurm = self.slurm(cluster)
-        before = slurm_waits.slurmd_start_time(slurm, node)
-        with contextlib.suppress(AgentRefused):  # a node Slurm cannot mark down is restarted all the same
-            self.agent(cluster).slurm("down", node=node, reason="tcc reboot")
-        how(Cloud(self, cluster), node)
-        slurm_waits.wait_registered(slurm, node, before, settings.GCE_STARTUP_TIMEOUT)
+        cloud = Cloud(self, cluster)
+        if self.runs_jobs:
+            self.restart_node(cluster, node, lambda: how(cloud, node), settings.GCE_STARTUP_TIMEOUT)
+        else:
+            how(cloud, node)

@@ -13,7 +13,9 @@ from .errors import map_api_error
 
 SIZES = {"munge": 1024, "jwt": 32, "agent": 32}  # bytes; munge's own keys are 1 KiB
 
-_cache = {}  # (endpoint, secret name) -> bytes: a cluster's keys never change while it exists
+# (endpoint, secret name, cluster id) -> bytes: a cluster's keys never change while it exists, and a
+# cluster made again under the same name (new keys) has another id, so no worker keeps an old key.
+_cache = {}
 _lock = threading.Lock()
 
 
@@ -64,18 +66,19 @@ def delete_keys(cloud):
         with contextlib.suppress(exceptions.NotFound):
             cloud.c.secrets.delete_secret(name=name)
         with _lock:
-            _cache.pop((cloud.c.endpoint, name), None)
+            _cache.pop((cloud.c.endpoint, name, cloud.cluster.pk), None)
 
 
 def read_key(cloud, kind):
     """The key's bytes, read once per console process (Secret Manager's access call)."""
     name = secret_name(cloud, kind)
+    key = (cloud.c.endpoint, name, cloud.cluster.pk)
     with _lock:
-        if (cloud.c.endpoint, name) in _cache:
-            return _cache[(cloud.c.endpoint, name)]
+        if key in _cache:
+            return _cache[key]
     found = cloud.get(lambda: cloud.c.secrets.access_secret_version(name=f"{name}/versions/latest"))
     if found is None:
         raise PermanentBackendError(f"the cluster's {kind} key ({cloud.n.secret(kind)}) is missing in Secret Manager")
     with _lock:
-        _cache[(cloud.c.endpoint, name)] = found.payload.data
+        _cache[key] = found.payload.data
     return found.payload.data

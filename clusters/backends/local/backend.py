@@ -161,10 +161,12 @@ class LocalBackend(Backend):
         remediation.kill_node(paths_for(cluster), node)
 
     def reboot(self, cluster, node):
-        remediation.reboot(cluster, paths_for(cluster), node, self.slurm(cluster), self.agent(cluster))
+        restart = lambda: remediation.restart_slurmd(cluster, paths_for(cluster), node)  # noqa: E731
+        self.restart_node(cluster, node, restart, settings.LOCAL_NODE_IDLE_TIMEOUT)
 
     def reinstall(self, cluster, node):
-        remediation.reboot(cluster, paths_for(cluster), node, self.slurm(cluster), self.agent(cluster), wipe=True)
+        restart = lambda: remediation.restart_slurmd(cluster, paths_for(cluster), node, wipe=True)  # noqa: E731
+        self.restart_node(cluster, node, restart, settings.LOCAL_NODE_IDLE_TIMEOUT)
 
     def clean_scratch(self, cluster, node):
         remediation.clean_scratch(paths_for(cluster), node)
