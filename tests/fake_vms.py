@@ -9,10 +9,11 @@ startup script runs as it would on Compute Engine:
 - a UTS namespace (the host name is the instance name) and a PID namespace (resetting the VM kills
   everything in it at once, as a reset does);
 - a mount namespace in which the VM's own folder is bound over the paths a VM keeps to itself
-  (/etc/slurm, /etc/munge, /etc/default, /var/spool, /var/log, /var/lib/munge, /tmp, a fresh /run),
+  (/etc/slurm, /etc/munge, /etc/default, /var/spool, /var/log, /var/lib/munge, a fresh /run),
   /etc/hosts is the VPC's DNS (every instance of the fake by name), and /home is the cluster's
   Filestore share, a folder of the fake's, bound as its NFS mount would be. The rest (programs,
-  libraries, accounts) is this machine's: the image.
+  libraries, accounts, and /tmp, where a checkout and its virtualenv may live) is this machine's: the
+  image.
 
 What the VM prints goes to its serial console (instances.getSerialPortOutput). The startup script is
 fetched from the metadata server, like Google's guest agent does, and runs with GCE_METADATA_HOST
@@ -48,7 +49,6 @@ hostname "$NAME"
 echo "tcc-vm: $NAME booting"
 curl -sf -H Metadata-Flavor:Google "http://$META/computeMetadata/v1/instance/attributes/startup-script" \
   > /run/startup-script || echo "tcc-vm: no startup-script in the metadata"
-mount --bind "$R/tmp" /tmp  # last: the VM's own folder may be under this machine's /tmp
 if [ -s /run/startup-script ]; then
   GCE_METADATA_HOST=$META TCC_SIMULATED_VM=1 HOME=/root LANG=C.UTF-8 bash /run/startup-script 2>&1 \
     | sed -u 's/^/google_metadata_script_runner: startup-script: /'
@@ -172,9 +172,8 @@ class VM:
 
     def disk(self):
         """The VM's own folders (its boot disk), made on first boot and kept across resets."""
-        for path in ("etc/slurm", "etc/munge", "var/spool", "var/log", "var/lib/munge", "tmp", "home"):
+        for path in ("etc/slurm", "etc/munge", "var/spool", "var/log", "var/lib/munge", "home"):
             (self.folder / path).mkdir(parents=True, exist_ok=True)
-        (self.folder / "tmp").chmod(0o1777)
         if not (self.folder / "etc/default").exists():
             shutil.copytree("/etc/default", self.folder / "etc/default", symlinks=True)
 
