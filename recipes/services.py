@@ -21,6 +21,7 @@ from clusters.events import record_event
 from clusters.slurm import states
 from console.errors import Conflict, ConsoleError, FieldErrors
 
+from . import fit
 from .catalog import get_recipe, recipes
 from .models import ModelVersion, Run, RunMetric, RunStatus
 
@@ -39,7 +40,8 @@ def run_status(job_state):
 
 
 def partition_shape(cluster, partition_name):
-    """(node count, GPUs per node) of a partition, or None when the cluster has no such partition."""
+    """(node count, GPUs per node, accelerator type or "") of a partition, or None when the cluster has
+    no such partition."""
     partition = cluster.partitions.filter(name=partition_name).prefetch_related("node_pools").first()
     if partition is None:
         return None
@@ -47,7 +49,33 @@ def partition_shape(cluster, partition_name):
     nodes = sum(p.node_count for p in pools)
     # What a node really has on its backend (local nodes run on CPU whatever the machine type says).
     gpus = min((clusters.gpus_per_node(cluster, p) for p in pools), default=0)
-    return nodes, gpus
+    accelerator = next((p.accelerator_type for p in pools if p.accelerator_type), "") if gpus else ""
+    return nodes, gpus, accelerator
+
+
+def layout_of(recipe, profile, nodes, errors):
+    """(ranks per node, tensor, data, accumulation, global batch): one rank per GPU (or per CPU slot of
+    the tiny profiles), tensor parallelism from the recipe, the rest data parallel (pipeline stages
+    included: recipes/distributed.py), and micro-batches accumulated up to the recipe's global batch."""
+    ranks = profile.get("ranks_per_node") or profile.get("gpus_per_node") or 1
+    tensor = profile.get("tensor", 1)
+    world = nodes * ranks
+    heads, kv_heads = profile["heads"], profile.get("kv_heads", profile["heads"])
+    if world % tensor or heads % tensor or kv_heads % tensor:
+        errors.setdefault("nodes", []).append(
+            f"{nodes} node(s) x {ranks} rank(s) cannot split into tensor-parallel groups of {tensor} "
+            f"(it must divide the {world} ranks, the {heads} heads and the {kv_heads} key/value heads)"
+        )
+        return None
+    data = world // tensor
+    global_batch = profile.get("global_batch") or profile["micro_batch"] * data
+    if global_batch % (profile["micro_batch"] * data):
+        errors.setdefault("nodes", []).append(
+            f"the global batch of {global_batch} sequences does not split into micro-batches of "
+            f"{profile['micro_batch']} over {data} data-parallel ranks; choose a node count that divides it"
+        )
+        return None
+    return ranks, tensor, data, global_batch // (profile["micro_batch"] * data), global_batch
 
 
 def validate_launch(cluster, data):
@@ -67,8 +95,8 @@ def validate_launch(cluster, data):
         errors["partition"] = [f"the cluster has no partition '{partition}'"]
     nodes = to_int(data.get("nodes", profile["nodes"] if profile else 1), "nodes", errors, minimum=1)
     steps = to_int(data.get("steps", profile["steps"] if profile else 1), "steps", errors, minimum=1)
-    if recipe and recipe["kind"] == "rl" and profile_name == "tiny" and nodes and nodes > 1:
-        errors.setdefault("nodes", []).append("the tiny RL (DPO) profile runs on one node")
+    if recipe and recipe["kind"] == "rl" and nodes and nodes > 1:
+        errors.setdefault("nodes", []).append(f"{recipe['name']} trains in one process, on one node")
     if shape and nodes is not None and nodes > shape[0]:
         errors.setdefault("nodes", []).append(f"partition '{partition}' has {shape[0]} nodes")
     if shape and profile and profile.get("gpus_per_node", 0) > shape[1]:
@@ -76,14 +104,34 @@ def validate_launch(cluster, data):
             f"the {profile_name} profile needs {profile['gpus_per_node']} GPUs per node; "
             f"partition '{partition}' has {shape[1]} (use the tiny profile)"
         )
+    layout = layout_of(recipe, profile, nodes, errors) if recipe and profile and nodes else None
+    estimate = None
+    if layout and shape:
+        _ranks, tensor, data_ranks, _accumulation, _global = layout
+        estimate = fit.estimate(
+            profile, recipe["family"], tensor=tensor, data=data_ranks, micro_batch=profile["micro_batch"],
+            seq_len=profile["seq_len"], accelerator_type=shape[2] if shape[1] else "",
+        )  # fmt: skip
+        if not estimate.fits:
+            errors.setdefault("profile", []).append(
+                f"{recipe['name']} on {nodes} node(s) does not fit: it needs {estimate.sentence()}; "
+                "use more nodes (a larger data-parallel group shards more of it)"
+            )
     init_from = None
-    if recipe and recipe["kind"] == "cpt":
+    if recipe and recipe["kind"] in ("cpt", "sft", "rl"):
         init_from, problem = checkpoint_source(cluster, recipe, data.get("init_from"))
         if problem:
             errors["init_from"] = [problem]
+    dataset = data.get("dataset") or None  # the page's form sends "" for "the recipe's own"
+    if dataset is not None and recipe and not errors:
+        problem = dataset_problem(cluster, dataset)
+        if problem:
+            errors["dataset"] = [problem]
     if errors:
         raise FieldErrors(errors)
+    ranks, tensor, data_ranks, accumulation, global_batch = layout
     return {
+        "cluster": cluster,
         "recipe": recipe,
         "profile_name": profile_name,
         "profile": profile,
@@ -91,7 +139,27 @@ def validate_launch(cluster, data):
         "nodes": nodes,
         "steps": steps,
         "init_from": init_from,
+        "ranks_per_node": ranks,
+        "gpus_per_node": min(profile.get("gpus_per_node", 0), shape[1]),
+        "tensor": tensor,
+        "data": data_ranks,
+        "accumulation": accumulation,
+        "global_batch": global_batch,
+        "accelerator": shape[2] if shape[1] else "",
+        "estimate": estimate.as_dict(),
+        "dataset": dataset,
     }
+
+
+def dataset_problem(cluster, path):
+    """Why `path` (a data set in the cluster's shared home) cannot be trained on, or ""."""
+    if not isinstance(path, str) or not path.endswith((".jsonl", ".parquet")):
+        return "a data set is a .jsonl or .parquet file in the cluster's shared home (a path relative to it)"
+    try:
+        found = clusters.file_exists(cluster, path)
+    except ConsoleError as exc:
+        return f"it cannot be read: {exc.message}"
+    return "" if found else f"there is no {path} in the cluster's shared home"
 
 
 def checkpoint_source(cluster, recipe, source):
@@ -107,7 +175,8 @@ def checkpoint_source(cluster, recipe, source):
         ).first()
         run = version.run if version else None
     if run is None:
-        return None, "continued pretraining starts from a run of this project or a registered model (name:vN)"
+        what = {"cpt": "continued pretraining", "sft": "fine-tuning", "rl": "RL"}[recipe["kind"]]
+        return None, f"{what} starts from a run of this project or a registered model (name:vN): give init_from"
     family = get_recipe(run.recipe_id)["family"]
     if family != recipe["family"]:
         return None, f"that checkpoint is a {family} model; this recipe trains {recipe['family']}"
@@ -176,27 +245,39 @@ def resolve_config(launch, work_dir, runtime):
         },
         "seq_len": profile["seq_len"],
         "micro_batch": profile["micro_batch"],
+        "parallel": {
+            "tensor": launch["tensor"],
+            "global_batch": launch["global_batch"],
+            "activation_checkpointing": True,
+        },
         "lr": profile.get("lr", 3e-4),
         "steps": launch["steps"],
         "precision": recipe["precision"] if launch["profile_name"] == "full" else "fp32",
+        "peak_tflops": fit.peak_tflops(launch["accelerator"], recipe["precision"]) if launch["accelerator"] else None,
+        "estimate": launch["estimate"],
         "checkpoint_every": profile.get("checkpoint_every", recipe["checkpoint_every"]),
         "seed": 7,
         "data_seed": 1234,
         "output_dir": str(work_dir),
         "log_every": 10,
     }
-    if recipe["kind"] in ("sft", "rl"):
+    if launch["dataset"]:
+        config["dataset"] = f"{clusters.shared_dir(launch['cluster'])}/{launch['dataset']}"
+    elif recipe["kind"] in ("sft", "rl"):
         config["dataset"] = f"{runtime.folder}/{recipe['dataset']}"  # shipped with the nodes' runtime
+    config.update(recipe.get("rl") or {})  # the RL algorithm (dpo, grpo) and GRPO's reward
     if launch["init_from"] is not None:
-        # Continued pretraining carries on the step count: it trains `steps` more after the saved step.
         checkpoint, saved = latest_checkpoint(launch["init_from"])
-        config.update(init_from=str(checkpoint), steps=saved + launch["steps"])
+        config["init_from"] = str(checkpoint)
+        if recipe["kind"] == "cpt":  # continued pretraining carries on the step count: `steps` more
+            config.update(steps=saved + launch["steps"], continue_steps=True)
     return config
 
 
 def render_script(run_name, launch, work_dir, runtime):
-    """The sbatch script: one task per node, requeued on node failure, output appended across requeues;
-    it starts the console's training entry point from the runtime in the cluster's home."""
+    """The sbatch script: one task per GPU (or per CPU rank of a tiny profile), requeued on node failure,
+    output appended across requeues; it starts the console's training entry point from the runtime in
+    the cluster's home."""
     python = shlex.quote(runtime.python)
     cache = shlex.quote(str(work_dir / ".cache"))
     return "\n".join(
@@ -205,7 +286,8 @@ def render_script(run_name, launch, work_dir, runtime):
             f"#SBATCH --job-name={run_name}",
             f"#SBATCH --partition={launch['partition']}",
             f"#SBATCH --nodes={launch['nodes']}",
-            "#SBATCH --ntasks-per-node=1",
+            f"#SBATCH --ntasks-per-node={launch['ranks_per_node']}",
+            *([f"#SBATCH --gpus-per-node={launch['gpus_per_node']}"] if launch["gpus_per_node"] else []),
             f"#SBATCH --output={work_dir}/slurm-%j.out",
             "#SBATCH --open-mode=append",
             "#SBATCH --requeue",
@@ -438,6 +520,35 @@ def summary(run):
         "tokens_per_s": last["tokens_per_s"],
         "eta_s": eta,
         "first_loss": rows[0]["loss"],
+        "peak_memory_mb": max((r.get("peak_memory_mb") or 0) for r in rows) or None,
+        "mfu": last.get("mfu"),
+    }
+
+
+def layout_summary(run):
+    """How the run is laid out and what it was estimated to need, from its config: ranks, the mesh,
+    the batch, the precision it trains in, and the memory estimate per GPU (recipes/fit.py)."""
+    config = run.config or {}
+    parallel = config.get("parallel") or {}
+    if not parallel:
+        return {}
+    recipe = get_recipe(run.recipe_id) or {}
+    profile = (recipe.get("profiles") or {}).get(run.profile) or {}
+    ranks = run.nodes * (profile.get("ranks_per_node") or profile.get("gpus_per_node") or 1)
+    tensor = parallel.get("tensor", 1)
+    micro = config.get("micro_batch", 1)
+    asked = config.get("precision", "fp32")
+    return {
+        "ranks": ranks,
+        "tensor": tensor,
+        "data": ranks // tensor,
+        "global_batch": parallel.get("global_batch"),
+        "micro_batch": micro,
+        "accumulation": (parallel.get("global_batch") or 0) // max(1, micro * (ranks // tensor)),
+        "precision": asked,
+        # FP8 training needs torchao's float8 layers, which the nodes' runtime does not have.
+        "precision_note": "fp8 is trained in bf16 here (float8 training needs torchao)" if asked == "fp8" else "",
+        "estimate": config.get("estimate") or {},
     }
 
 

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -98,6 +97,16 @@ class ByteTokenizer:
         return [self.bos, *text.encode("utf-8"), self.eos]
 
 
+def read_rows(path):
+    """The rows of a data set on the cluster's shared storage: JSON lines, or a Parquet file."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet
+
+        return pyarrow.parquet.read_table(path).to_pylist()
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def build_model(config):
     import torch
     from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -125,74 +134,30 @@ def build_model(config):
     return LlamaForCausalLM(LlamaConfig(**common))
 
 
-def rng_state():
-    import numpy as np
-    import torch
-
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-
-
-def set_rng_state(state):
-    import numpy as np
-    import torch
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-
-
-def latest_checkpoint(folder):
-    found = sorted(folder.glob("step-*"), key=lambda p: int(p.name.split("-")[1])) if folder.exists() else []
-    return found[-1] if found else None
-
-
-def save_checkpoint(folder, step, model, optimizer, scheduler, position, rank, world, barrier):
-    """Every rank writes its RNG state; rank 0 writes the rest and renames the folder into place."""
-    import torch
-
-    tmp = folder / f".tmp-step-{step}"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier()
-    torch.save(rng_state(), tmp / f"rng-{rank}.pt")
-    barrier()
-    if rank == 0:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
-        torch.save(state, tmp / "state.pt")
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "position": position, "world": world}))
-        os.replace(tmp, folder / f"step-{step}")
-        for old in sorted(folder.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
-            shutil.rmtree(old, ignore_errors=True)
-    barrier()
-
-
-def batches(tokens, seq_len, micro_batch, rank, world, position, seed):
-    """An endless, deterministic stream of (inputs, labels); `position` counts batches already taken."""
+def batches(tokens, seq_len, global_batch, position, seed):
+    """An endless, deterministic stream of (position, inputs, labels) global batches; `position` counts
+    the global batches already taken, so the stream is the same whatever the world size."""
     import torch
 
     count = (len(tokens) - 1) // seq_len
     order = list(range(count))
     random.Random(seed).shuffle(order)
-    step_size = micro_batch * world
     while True:
-        start = (position * step_size) % max(1, count - step_size)
-        rows = [order[(start + rank * micro_batch + i) % count] for i in range(micro_batch)]
+        rows = [order[(position * global_batch + i) % count] for i in range(global_batch)]
         x = torch.stack([torch.tensor(tokens[r * seq_len : r * seq_len + seq_len]) for r in rows])
         y = torch.stack([torch.tensor(tokens[r * seq_len + 1 : r * seq_len + seq_len + 1]) for r in rows])
         position += 1
         yield position, x, y
 
 
-def sft_batches(examples, tokenizer, seq_len, micro_batch, rank, world, position):
+def sft_batches(examples, tokenizer, seq_len, global_batch, position):
     """Instruction data with the loss on the response only: prompt tokens are labelled -100."""
     import torch
 
-    step_size = micro_batch * world
     while True:
         xs, ys = [], []
-        for i in range(micro_batch):
-            example = examples[(position * step_size + rank * micro_batch + i) % len(examples)]
+        for i in range(global_batch):
+            example = examples[(position * global_batch + i) % len(examples)]
             prompt = tokenizer.encode(f"### Question: {example['prompt']}\n### Answer: ")[:-1]
             answer = tokenizer.encode(example["response"])[1:]
             ids = (prompt + answer)[: seq_len + 1]
@@ -205,29 +170,47 @@ def sft_batches(examples, tokenizer, seq_len, micro_batch, rank, world, position
         yield position, torch.stack(xs), torch.stack(ys)
 
 
+def flops_per_token(config, parameters):
+    """Training FLOPs per token: 6 x the parameters a token passes through, plus attention's
+    12 x layers x hidden x sequence (PaLM, Chowdhery et al. 2022, appendix B)."""
+    shape = config["model"]
+    return 6 * parameters + 12 * shape["layers"] * shape["hidden_size"] * config["seq_len"]
+
+
 def train(config):
+    """Pretraining, continued pretraining and SFT on the recipe's mesh (recipes/distributed.py): each
+    global batch is split over the data-parallel ranks and accumulated in micro-batches; the loss is
+    the mean over the global batch's tokens, the same at any world size."""
     import torch
-    import torch.distributed as dist
     from torch.utils.tensorboard import SummaryWriter
 
     from clusters.rendezvous import dist_env
+    from recipes import distributed
 
     rank, world, local_rank = dist_env()
     use_gpu = torch.cuda.is_available() and config.get("device", "auto") != "cpu"
-    dtype = torch.bfloat16 if use_gpu and config.get("precision") in ("bf16", "fp8") else torch.float32
-    if world > 1:
-        dist.init_process_group("nccl" if use_gpu else "gloo", rank=rank, world_size=world)
+    if use_gpu:
+        torch.cuda.set_device(local_rank)
+    parallel = config.get("parallel") or {}
+    layout = distributed.init(rank, world, local_rank, parallel.get("tensor", 1), "cuda" if use_gpu else "cpu")
     device = torch.device(f"cuda:{local_rank}" if use_gpu else "cpu")
+    mixed = use_gpu and config.get("precision") in ("bf16", "fp8")
     torch.set_num_threads(max(1, config.get("threads", 1)))
-
-    def barrier():
-        if world > 1:
-            dist.barrier()
 
     out = Path(config["output_dir"])
     checkpoints = out / "checkpoints"
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    model = build_model(config).to(device=device, dtype=dtype)
+    if rank == 0:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+    layout.barrier()
+    model = build_model(config).to(device)  # every rank builds the same model (seeded), then shards it
+    parameters = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
+    model = distributed.parallelize(
+        model,
+        layout,
+        mixed_precision=mixed,
+        activation_checkpointing=parallel.get("activation_checkpointing", True),
+        strategy=parallel.get("strategy", "fsdp"),
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=0.0)
     warmup = max(1, config["steps"] // 10)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -237,80 +220,125 @@ def train(config):
         ),
     )
     step, position = 0, 0
-    resume = latest_checkpoint(checkpoints)
+    resume = distributed.latest(checkpoints)
     loading = time.perf_counter()
     if resume is not None:
-        state = torch.load(resume / "state.pt", weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        meta, state, resharded = distributed.load(resume, model, optimizer, layout)
         scheduler.load_state_dict(state["scheduler"])
-        meta = json.loads((resume / "meta.json").read_text())
-        step, position = meta["step"], meta["position"]
-        set_rng_state(torch.load(resume / f"rng-{rank}.pt", weights_only=False))
-        log(rank, f"resumed from {resume.name} at step {step}")
-        event(out, rank, "resumed", step=step, seconds=round(time.perf_counter() - loading, 4))
+        step, position = meta["step"], state["position"]
+        log(
+            rank,
+            f"resumed from {resume.name} at step {step}"
+            + (f" (resharded from {meta['world']} ranks)" if resharded else ""),
+        )
+        seconds = round(time.perf_counter() - loading, 4)
+        event(out, rank, "resumed", step=step, seconds=seconds, from_world=meta["world"], resharded=resharded)
     else:
         torch.manual_seed(config["seed"] + rank)
         random.seed(config["seed"] + rank)
         if config.get("init_from"):
-            source = Path(config["init_from"])
-            model.load_state_dict(torch.load(source / "state.pt", weights_only=False)["model"])
-            step = json.loads((source / "meta.json").read_text())["step"]
-            log(rank, f"continued pretraining from {source} at step {step}")
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+            saved = distributed.load_weights(config["init_from"], model)
+            log(rank, f"starting from {config['init_from']} (its step {saved})")
+            if config.get("continue_steps"):  # continued pretraining carries on the step count
+                step = saved
     tokenizer = ByteTokenizer()
     seq_len, micro_batch = config["seq_len"], config["micro_batch"]
+    global_batch = parallel.get("global_batch", micro_batch * layout.dp)
+    if global_batch % (micro_batch * layout.dp):
+        raise SystemExit(
+            f"global batch {global_batch} is not a multiple of micro batch {micro_batch} x {layout.dp} ranks"
+        )
+    accumulation = global_batch // (micro_batch * layout.dp)
     if config["kind"] == "sft":
-        examples = [json.loads(line) for line in Path(config["dataset"]).read_text().splitlines() if line.strip()]
-        stream = sft_batches(examples, tokenizer, seq_len, micro_batch, rank, world, position)
+        stream = sft_batches(read_rows(config["dataset"]), tokenizer, seq_len, global_batch, position)
     else:
-        tokens = tokenizer.encode(corpus(seed=config["data_seed"]))
-        stream = batches(tokens, seq_len, micro_batch, rank, world, position, config["data_seed"])
+        # Pretraining text: the run's data set ({"text"} rows), else the corpus generated from a seed.
+        text = "\n".join(r["text"] for r in read_rows(config["dataset"])) if config.get("dataset") else None
+        tokens = tokenizer.encode(text or corpus(seed=config["data_seed"]))
+        stream = batches(tokens, seq_len, global_batch, position, config["data_seed"])
+    precision = ("bf16" if mixed else "fp32") if use_gpu else "fp32"
+    if config.get("precision") == "fp8" and rank == 0:
+        # FP8 training needs torchao's float8 linear layers, which this runtime does not have.
+        log(rank, f"precision: the recipe asks for fp8; trained in {precision} (float8 training needs torchao)")
+    per_rank = global_batch // layout.dp
+    peak_tflops = config.get("peak_tflops")
     writer = SummaryWriter(str(out / "tensorboard")) if rank == 0 else None
     metrics = (out / "metrics.jsonl").open("a") if rank == 0 else None
     started, tokens_done = time.perf_counter(), 0
     while step < config["steps"]:
-        position, x, y = next(stream)
-        x, y = x.to(device), y.to(device)
-        logits = ddp(input_ids=x).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100)
+        position, x_all, y_all = next(stream)
+        total = int((y_all != -100).sum())  # the global batch's tokens the loss is averaged over
+        mine_x = x_all[layout.dp_rank * per_rank : (layout.dp_rank + 1) * per_rank]
+        mine_y = y_all[layout.dp_rank * per_rank : (layout.dp_rank + 1) * per_rank]
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(accumulation):
+            if world > 1 and hasattr(model, "set_requires_gradient_sync"):  # one reduction per step (FSDP2)
+                model.set_requires_gradient_sync(micro == accumulation - 1)
+            x = mine_x[micro * micro_batch : (micro + 1) * micro_batch].to(device)
+            y = mine_y[micro * micro_batch : (micro + 1) * micro_batch].to(device)
+            logits = model(input_ids=x).logits
+            part = torch.nn.functional.cross_entropy(
+                logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100, reduction="sum"
+            )
+            # FSDP averages gradients over the data-parallel ranks: x dp makes it the global sum / total.
+            (part * (layout.dp / total)).backward()
+            loss_sum += part.detach()
+        grad_norm = distributed.clip_grad_norm(list(model.parameters()), 1.0)
         optimizer.step()
         scheduler.step()
         step += 1
-        tokens_done += x.numel() * world
-        value = loss.detach()
-        if world > 1:
-            dist.all_reduce(value)
-            value /= world
+        tokens_done += global_batch * seq_len
+        value = layout.dp_sum(loss_sum) / total
         if rank == 0:
             elapsed = time.perf_counter() - started
+            tokens_per_s = tokens_done / elapsed if elapsed else 0.0
             record = {
                 "step": step,
                 "loss": round(value.item(), 6),
                 "lr": scheduler.get_last_lr()[0],
                 "grad_norm": round(float(grad_norm), 6),
-                "tokens_per_s": round(tokens_done / elapsed, 1) if elapsed else 0.0,
+                "tokens_per_s": round(tokens_per_s, 1),
+                "peak_memory_mb": round(distributed.peak_memory_mb(), 1),
                 "time": time.time(),
             }
+            if peak_tflops:
+                record["mfu"] = round(
+                    tokens_per_s * flops_per_token(config, parameters) / (peak_tflops * 1e12 * world), 4
+                )
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
-            for key in ("loss", "lr", "grad_norm", "tokens_per_s"):
-                writer.add_scalar(f"train/{key}", record[key], step)
+            for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu"):
+                if key in record:
+                    writer.add_scalar(f"train/{key}", record[key], step)
             if step % config.get("log_every", 10) == 0 or step == config["steps"]:
                 log(rank, f"step {step} loss {record['loss']:.4f} tokens/s {record['tokens_per_s']}")
         if step % config["checkpoint_every"] == 0 or step == config["steps"]:
-            saving = time.perf_counter()
-            save_checkpoint(checkpoints, step, model, optimizer, scheduler, position, rank, world, barrier)
-            event(out, rank, "checkpoint_saved", step=step, seconds=round(time.perf_counter() - saving, 4))
+            train_state = {"scheduler": scheduler.state_dict(), "position": position}
+            seconds = distributed.save(checkpoints, step, model, optimizer, train_state, layout)
+            event(out, rank, "checkpoint_saved", step=step, seconds=round(seconds, 4))
+    peak = layout.max(distributed.peak_memory_mb())
     if rank == 0:
         writer.close()
         metrics.close()
-        (out / "result.json").write_text(json.dumps({"step": step, "final_loss": value.item()}))
-    barrier()  # rank 0 once aborted at exit without it (see shared reference)
+        elapsed = time.perf_counter() - started
+        result = {
+            "step": step,
+            "final_loss": value.item(),
+            "world": world,
+            "tensor": layout.tp,
+            "data": layout.dp,
+            "accumulation": accumulation,
+            "global_batch": global_batch,
+            "precision": precision,
+            "peak_memory_mb": round(peak, 1),
+            "tokens_per_s": round(tokens_done / elapsed, 1) if elapsed else 0.0,
+        }
+        (out / "result.json").write_text(json.dumps(result))
+    layout.barrier()  # rank 0 once aborted at exit without it (see shared reference)
     if world > 1:
+        import torch.distributed as dist
+
         dist.destroy_process_group()
 
 
@@ -326,50 +354,76 @@ def log(rank, message):
         print(f"[train] {message}", flush=True)
 
 
+def hf_tokenizer():
+    """ByteTokenizer as a transformers tokenizer (TRL's trainers take one): byte b is token b, as in
+    the pretraining runs, so a checkpoint of any recipe continues under RL. A BPE with no merges over
+    GPT-2's byte-to-character table, and nothing from a hub."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            table[byte] = chr(byte)
+        else:
+            table[byte] = chr(256 + extra)
+            extra += 1
+    vocab = {table[b]: b for b in range(256)} | {"<s>": ByteTokenizer.bos, "</s>": ByteTokenizer.eos,
+                                                  "<pad>": ByteTokenizer.pad, "<unk>": 259}  # fmt: skip
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+
+
+def word_reward(completions, answers, **kwargs):
+    """The shipped verifiable reward of the tiny GRPO task (recipes/data/colours.jsonl: "name a
+    colour"), from 0 to 1: 1 for an answer that starts with one of the accepted words, else how much of
+    the closest one it starts with, character by character (a gradient from the first letter on)."""
+    rewards = []
+    for completion, accepted in zip(completions, answers, strict=True):
+        text = (completion if isinstance(completion, str) else completion[0]["content"]).lstrip()
+        best = 0.0
+        for word in accepted:
+            matched = 0
+            while matched < len(word) and matched < len(text) and text[matched] == word[matched]:
+                matched += 1
+            best = max(best, matched / len(word))
+        rewards.append(round(best, 6))
+    return rewards
+
+
+REWARDS = {"word_prefix": word_reward}
+
+
 def train_rl(config):
-    """DPO with TRL on the shipped preference set: one process (the tiny RL profile runs on one node)."""
+    """RL from a checkpoint with TRL on the shipped data, in one process: DPO on preference pairs, or
+    GRPO (online: the policy samples, the recipe's reward function scores) on prompts."""
     import copy
 
     import torch
     from datasets import Dataset
-    from tokenizers import ByteLevelBPETokenizer
     from torch.utils.tensorboard import SummaryWriter
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback
-    from trl import DPOConfig, DPOTrainer
+    from transformers import TrainerCallback
+
+    from recipes import distributed
 
     out = Path(config["output_dir"])
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-    rows = [json.loads(line) for line in Path(config["dataset"]).read_text().splitlines() if line.strip()]
-    # A byte-level BPE trained on the shipped text: nothing comes from a hub.
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(
-        [corpus(seed=config["data_seed"]), *(r["prompt"] + r["chosen"] for r in rows)],
-        vocab_size=512,
-        min_frequency=2,
-        special_tokens=["<s>", "</s>", "<pad>"],
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
-    shape = config["model"]
-    torch.manual_seed(config["seed"])
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=512,
-            hidden_size=shape["hidden_size"],
-            intermediate_size=shape["intermediate_size"],
-            num_hidden_layers=shape["layers"],
-            num_attention_heads=shape["heads"],
-            num_key_value_heads=shape.get("kv_heads", shape["heads"]),
-            max_position_embeddings=config["seq_len"] * 2,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
+    rows = read_rows(config["dataset"])
+    tokenizer = hf_tokenizer()
+    model = build_model(config)
+    if config.get("init_from"):
+        step = distributed.load_weights(config["init_from"], model)
+        log(0, f"starting from {config['init_from']} (its step {step})")
+    model.config.max_position_embeddings = max(model.config.max_position_embeddings, config["seq_len"] * 2)
     writer = SummaryWriter(str(out / "tensorboard"))
     metrics = (out / "metrics.jsonl").open("a")
     started = time.perf_counter()
+    algorithm = config.get("algorithm", "dpo")
 
     class Metrics(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -381,48 +435,66 @@ def train_rl(config):
                 "loss": round(float(logs["loss"]), 6),
                 "lr": float(logs.get("learning_rate", 0)),
                 "grad_norm": round(float(logs.get("grad_norm", 0)), 6),
-                "reward_margin": round(float(logs.get("rewards/margins", 0)), 6),
                 "tokens_per_s": round(float(logs.get("num_tokens", 0)) / elapsed, 1) if elapsed else 0.0,
                 "time": time.time(),
             }
+            if algorithm == "dpo":
+                record["reward_margin"] = round(float(logs.get("rewards/margins", 0)), 6)
+            else:
+                record["reward"] = round(float(logs.get("reward", 0)), 6)
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
-            for key in ("loss", "lr", "grad_norm", "reward_margin"):
-                writer.add_scalar(f"train/{key}", record[key], record["step"])
+            for key in ("loss", "lr", "grad_norm", "reward_margin", "reward"):
+                if key in record:
+                    writer.add_scalar(f"train/{key}", record[key], record["step"])
             if record["step"] % config.get("log_every", 10) == 0:
-                print(
-                    f"[train] step {record['step']} loss {record['loss']:.4f} margin {record['reward_margin']:.4f}",
-                    flush=True,
-                )
+                extra = {k: record[k] for k in ("reward_margin", "reward") if k in record}
+                print(f"[train] step {record['step']} loss {record['loss']:.4f} {extra}", flush=True)
 
-    args = DPOConfig(
-        output_dir=str(out / "trl"),
-        per_device_train_batch_size=config["micro_batch"],
-        max_steps=config["steps"],
-        learning_rate=config["lr"],
-        use_cpu=True,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        beta=0.1,
-        max_length=config["seq_len"],
-        seed=config["seed"],
-        disable_tqdm=True,
-    )
-    trainer = DPOTrainer(
-        model=model,
-        ref_model=copy.deepcopy(model),  # an in-memory model needs its reference passed (see shared reference)
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        callbacks=[Metrics()],
-    )
+    common = {
+        "output_dir": str(out / "trl"),
+        "per_device_train_batch_size": config["micro_batch"],
+        "max_steps": config["steps"],
+        "learning_rate": config["lr"],
+        "use_cpu": not torch.cuda.is_available(),
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "seed": config["seed"],
+        "disable_tqdm": True,
+    }
+    if algorithm == "grpo":
+        from trl import GRPOConfig, GRPOTrainer
+
+        args = GRPOConfig(
+            **common,
+            num_generations=config.get("generations", 4),
+            max_completion_length=config.get("completion_length", 12),
+            temperature=1.0,
+            beta=0.0,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[REWARDS[config["reward"]]],
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            callbacks=[Metrics()],
+        )
+    else:
+        from trl import DPOConfig, DPOTrainer
+
+        args = DPOConfig(**common, beta=0.1, max_length=config["seq_len"])
+        trainer = DPOTrainer(
+            model=model,
+            ref_model=copy.deepcopy(model),  # an in-memory model needs its reference passed (see shared reference)
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            callbacks=[Metrics()],
+        )
     result = trainer.train()
-    final = out / "checkpoints" / f"step-{config['steps']}"
-    final.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": model.state_dict()}, final / "state.pt")
-    (final / "meta.json").write_text(json.dumps({"step": config["steps"], "position": 0, "world": 1}))
-    tokenizer.save_pretrained(final / "tokenizer")
+    distributed.save_weights(out / "checkpoints" / f"step-{config['steps']}", config["steps"], model)
     writer.close()
     metrics.close()
     (out / "result.json").write_text(json.dumps({"step": config["steps"], "final_loss": result.training_loss}))

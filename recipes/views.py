@@ -14,7 +14,7 @@ from . import services
 from .catalog import recipes
 from .models import ModelVersion, Run
 
-FIELDS = ("recipe", "profile", "partition", "nodes", "steps", "init_from")
+FIELDS = ("recipe", "profile", "partition", "nodes", "steps", "init_from", "dataset")
 
 
 def cluster_for(request, project, name, permission=access.GET):
@@ -33,14 +33,14 @@ def run_new(request, project, name):
         if request.method == "POST"
         else {"recipe": "llama3.1-8b-pretrain", "profile": "tiny"}
     )
-    errors, script = {}, None
+    errors, script, launch = {}, None, None
     if request.method == "POST":
         try:
             if request.POST.get("confirm"):
                 run = services.launch_run(cluster=cluster, data=form, user=request.user)
                 messages.success(request, f"Submitted Slurm job {run.slurm_job_id}.")
                 return redirect(run)
-            _launch, script = services.preview(cluster, form)
+            launch, script = services.preview(cluster, form)
         except FieldErrors as exc:
             errors = exc.errors
         except ConsoleError as exc:
@@ -54,13 +54,20 @@ def run_new(request, project, name):
         "form": form,
         "errors": errors,
         "script": script,
+        "launch": launch,
     }
     return render(request, "recipes/run_new.html", context, status=400 if errors else 200)
 
 
 def run_detail(request, project, name, run_id):
     run = run_for(request, project, name, run_id)
-    context = {"run": run, "cluster": run.cluster, "versions": run.model_versions.all(), **run_context(run)}
+    context = {
+        "run": run,
+        "cluster": run.cluster,
+        "versions": run.model_versions.all(),
+        "layout": services.layout_summary(run),
+        **run_context(run),
+    }
     return render(request, "recipes/run_detail.html", context)
 
 

@@ -106,7 +106,11 @@ def test_the_catalog_has_llama_and_gemma_recipes_of_every_kind():
         ({"steps": -5}, "steps", "must be at least 1"),
         ({"partition": "gpu"}, "partition", "no partition 'gpu'"),
         ({"recipe": "llama3.1-8b-cpt"}, "init_from", "a registered model (name:vN)"),
-        ({"recipe": "llama3.1-8b-dpo", "nodes": 2}, "nodes", "runs on one node"),
+        ({"recipe": "llama3.1-8b-sft"}, "init_from", "fine-tuning starts from a run of this project"),
+        ({"recipe": "llama3.1-8b-grpo", "nodes": 1}, "init_from", "RL starts from a run of this project"),
+        ({"recipe": "llama3.1-8b-dpo", "nodes": 2}, "nodes", "trains in one process, on one node"),
+        ({"nodes": 1, "dataset": "/etc/passwd"}, "dataset", "a .jsonl or .parquet file"),
+        ({"nodes": 1, "dataset": "data/missing.jsonl"}, "dataset", "there is no data/missing.jsonl"),
     ],
 )
 def test_it_refuses_a_bad_launch_with_field_reasons_and_submits_nothing(rita_api, body, field, reason):
@@ -133,12 +137,15 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     rows = losses(done)
     assert rows[-1]["step"] == 40
     assert rows[-1]["loss"] < rows[0]["loss"] * 0.7  # it learns
-    assert json.loads(read(done, "checkpoints/step-40/meta.json"))["world"] == 2
+    # 2 nodes x 2 ranks: a 2x2 mesh (FSDP2 x tensor parallel), sharded DCP checkpoints.
+    assert json.loads(read(done, "checkpoints/step-40/meta.json"))["world"] == 4
+    assert json.loads(read(done, "result.json"))["tensor"] == 2
     from clusters import services
     from clusters.accounts import account_for
 
     folder = in_home(done, "checkpoints/step-40")
-    assert set(services.list_files(train_cluster, folder, "rng-*.pt")) == {"rng-0.pt", "rng-1.pt"}
+    assert set(services.list_files(train_cluster, folder, "rng-*.pt")) == {f"rng-{r}.pt" for r in range(4)}
+    assert set(services.list_files(train_cluster, folder, "*.distcp")) == {f"__{r}_0.distcp" for r in range(4)}
     # It ran as rita's own account, not root: the checkpoint is that account's.
     account = account_for(train_cluster.project.members.get(), train_cluster.project)
     assert services.files.agent_call(train_cluster, "stat", f"{folder}/meta.json")["owner"] == account.name
@@ -148,6 +155,8 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     page = client.get(f"/clusters/rlab/train/runs/{run['id']}/").content.decode()
     assert 'id="loss-chart"' in page
     assert "[train] step 40" in page
+    assert "4 ranks: 2 data-parallel (FSDP2) x 2 tensor-parallel" in page
+    assert "(no GPU: the tiny profile trains on CPU)" in page and " MB</td>" in page  # estimate beside the peak
     assert client.get(f"/clusters/rlab/train/runs/{run['id']}/live/", HTTP_HX_REQUEST="true").status_code == 286
 
     # TensorBoard answers with the run's scalars through the console, and only to signed-in members.
@@ -181,21 +190,35 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     response = launch(rita_api, recipe="llama3.1-8b-cpt", init_from=run["id"], steps=1)
     assert response.status_code == 400
     assert "is a gemma model; this recipe trains llama" in response.json()["init_from"][0]
+    gemma.recipe_id = "llama3.1-8b-pretrain"
+    gemma.save()
 
-    # SFT on the shipped instruction set, loss on responses only.
-    response = launch(rita_api, recipe="llama3.1-8b-sft", steps=15)
+    # SFT on the shipped instruction set from the registered version (loss on responses only): it starts
+    # from trained weights, far below a random model's first loss, at step 1 of its own.
+    response = launch(rita_api, recipe="llama3.1-8b-sft", steps=15, init_from="llama-tiny:v1")
+    assert response.status_code == 201, response.content
     sft = finished(rita_api, response.json()["id"])
     assert sft["status"] == "COMPLETED", sft
-    assert losses(sft)[-1]["step"] == 15
+    sft_rows = losses(sft)
+    assert sft_rows[0]["step"] == 1 and sft_rows[-1]["step"] == 15
+    assert sft_rows[0]["loss"] < rows[0]["loss"] * 0.7
 
     # RL: DPO with TRL on the shipped preference set; the policy learns to prefer the chosen answers.
-    response = launch(rita_api, recipe="llama3.1-8b-dpo", nodes=1, steps=12)
+    response = launch(rita_api, recipe="llama3.1-8b-dpo", nodes=1, steps=12, init_from="llama-tiny:v1")
     assert response.status_code == 201, response.content
     dpo = finished(rita_api, response.json()["id"])
     assert dpo["status"] == "COMPLETED", dpo
-    rows = losses(dpo)
-    assert rows[-1]["step"] == 12
-    assert rows[-1]["reward_margin"] > 0
+    dpo_rows = losses(dpo)
+    assert dpo_rows[-1]["step"] == 12
+    assert dpo_rows[-1]["reward_margin"] > 0
+
+    # Online RL: GRPO samples answers and the recipe's verifiable reward scores them.
+    response = launch(rita_api, recipe="llama3.1-8b-grpo", nodes=1, steps=8, init_from="llama-tiny:v1")
+    assert response.status_code == 201, response.content
+    grpo = finished(rita_api, response.json()["id"])
+    assert grpo["status"] == "COMPLETED", grpo
+    assert [row["step"] for row in losses(grpo)] == list(range(1, 9))
+    assert all(0 <= row["reward"] <= 1 for row in losses(grpo))
 
 
 def test_cancelling_a_run_cancels_its_slurm_job(rita_api, train_cluster):
@@ -436,3 +459,16 @@ def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(ri
     still += [pid for pid, _ in processes.command_lines() if processes.environ(pid).get("SLURM_CONF") == conf]
     assert still == []
     assert not processes.job_processes(conf)
+
+
+def test_the_launch_page_shows_the_layout_and_the_memory_estimate_before_submit(train_cluster, client):
+    client.force_login(train_cluster.project.members.get())
+    form = {"recipe": "gemma2-2b-pretrain", "profile": "tiny", "partition": "cpu", "nodes": "2", "steps": "5",
+            "init_from": "", "dataset": ""}  # fmt: skip
+    page = client.post("/clusters/rlab/train/runs/new/", form).content.decode()
+    assert "2 nodes x 2 ranks: 2 data-parallel (FSDP2) x 2 tensor-parallel" in page
+    assert "memory per GPU, estimated:" in page and "(no GPU: trains on CPU)" in page
+    assert "#SBATCH --ntasks-per-node=2" in page and "--gpus-per-node" not in page
+    assert not Run.objects.exists()  # a preview submits nothing
+    refused = client.post("/clusters/rlab/train/runs/new/", {**form, "nodes": "1", "dataset": "none.csv"})
+    assert refused.status_code == 400 and "a .jsonl or .parquet file" in refused.content.decode()

@@ -25,6 +25,7 @@ FILES = [
     "clusters/health/checks/*.py",
     "recipes/__init__.py",
     "recipes/train.py",
+    "recipes/distributed.py",
     "recipes/data/*.jsonl",
 ]
 DONE = ".installed"

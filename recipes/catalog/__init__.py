@@ -41,11 +41,18 @@ def check(recipe, path):
         "lr": 3e-4,
         "nodes": hardware["nodes"],
         "gpus_per_node": hardware["gpus_per_node"],
+        "ranks_per_node": hardware["gpus_per_node"],  # one rank per GPU
+        "tensor": recipe["parallelism"]["tensor"],  # pipeline stages fold into data parallelism
+        "global_batch": recipe["batch"]["global_batch"],
         "seq_len": recipe["batch"]["seq_len"],
         "micro_batch": recipe["batch"]["micro_batch"],
         "steps": 1000,
         "checkpoint_every": recipe["checkpoint_every"],
     }
+    for name, profile in recipe["profiles"].items():
+        tensor = profile.get("tensor", 1)
+        if profile["heads"] % tensor or profile.get("kv_heads", profile["heads"]) % tensor:
+            raise CatalogError(f"{path.name}: the {name} profile's tensor parallelism must divide its heads")
     return recipe
 
 

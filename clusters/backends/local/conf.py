@@ -8,6 +8,9 @@ from ...spec.catalog import machine_type_info
 from ..base import NodeShape
 
 
+MIN_CPUS = 2  # the tiny profiles' CPU ranks per node (recipes/catalog)
+
+
 def machine_vcpus(pool):
     info = machine_type_info(pool.machine_type)
     return info.vcpus if info else 1
@@ -26,15 +29,17 @@ def node_shape(cluster, pool):
     """The pool's CPUs and memory scaled down, in proportion, to what this machine has.
 
     Every compute node of the cluster shares this host: CPUs are scaled so all nodes together
-    declare about the host's cores (at least 1 each), memory so they share half of its RAM.
-    GPUs are not emulated: a GPU pool's nodes run on CPU here.
+    declare about the host's cores, memory so they share half of its RAM. A node declares at least
+    MIN_CPUS, so the tiny recipe profiles' ranks per node fit (slurmrestd 0.0.38 refuses the
+    "overcommit" a job would need otherwise: "Disabled key"). GPUs are not emulated: a GPU pool's
+    nodes run on CPU here.
     """
     pools = list(cluster.node_pools.filter(role=NodeRole.COMPUTE))
     wanted_cpus = sum(machine_vcpus(p) * p.node_count for p in pools) or 1
     wanted_mb = sum(machine_memory_mb(p) * p.node_count for p in pools) or 1
     cpu_factor = min(1.0, (os.cpu_count() or 1) / wanted_cpus)
     mem_factor = min(1.0, host_memory_mb() / 2 / wanted_mb)
-    cpus = max(1, int(machine_vcpus(pool) * cpu_factor))
+    cpus = max(min(MIN_CPUS, machine_vcpus(pool)), int(machine_vcpus(pool) * cpu_factor))
     memory = max(256, int(machine_memory_mb(pool) * mem_factor))
     note = f"{cpus} of {machine_vcpus(pool)} vCPUs, {memory:,} of {machine_memory_mb(pool):,} MB"
     if pool.accelerator_count:

@@ -1,0 +1,266 @@
+"""torch.distributed for recipes/train.py, on the nodes (torch only; no Django): one rank per GPU (or per
+CPU slot on the tiny profiles), a 2-D device mesh of data x tensor parallelism from the recipe, tensor
+parallelism on every decoder layer's attention and MLP, FSDP2 (`fully_shard`) per decoder layer and on
+the model, activation checkpointing, gradient clipping across both meshes, and checkpoints written with
+torch.distributed.checkpoint (DCP): sharded (each rank writes its own shards), atomic (a temporary
+folder renamed into place once every rank has written), resumable bit-exactly at the same layout (every
+rank's RNG state is kept) and loadable at another world size (DCP reshards).
+
+Pipeline parallelism is not implemented: a recipe's pipeline stages are folded into the data-parallel
+dimension, where FSDP2 shards the model instead (recipes/fit.py counts memory that way).
+"""
+
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TP_PLAN = {  # Megatron-style: column-parallel in, row-parallel out, so each block needs one all-reduce
+    "self_attn.q_proj": "colwise",
+    "self_attn.k_proj": "colwise",
+    "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+    "mlp.gate_proj": "colwise",
+    "mlp.up_proj": "colwise",
+    "mlp.down_proj": "rowwise",
+}
+
+
+@dataclass
+class Layout:
+    rank: int
+    world: int
+    local_rank: int
+    tp: int
+    dp: int
+    dp_rank: int
+    mesh: object = None  # DeviceMesh ("dp", "tp") when world > 1
+
+    def barrier(self):
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def dp_sum(self, tensor):
+        """Sum a tensor over the data-parallel ranks (tensor-parallel ranks of one group hold the same)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor, group=self.mesh["dp"].get_group())
+        return tensor
+
+    def max(self, value):
+        if self.world == 1:
+            return value
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor(float(value))
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor.item()
+
+
+def init(rank, world, local_rank, tensor, device_type):
+    """Join the process group and build the (dp, tp) mesh; tensor parallelism must divide the world."""
+    import torch.distributed as dist
+
+    if world % tensor:
+        raise SystemExit(f"tensor parallelism {tensor} does not divide the {world} ranks")
+    dp = world // tensor
+    if world == 1:
+        return Layout(rank, 1, local_rank, 1, 1, 0)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh(device_type, (dp, tensor), mesh_dim_names=("dp", "tp"))
+    return Layout(rank, world, local_rank, tensor, dp, mesh["dp"].get_local_rank(), mesh)
+
+
+def parallelize(model, layout, mixed_precision, activation_checkpointing, strategy="fsdp"):
+    """Tensor parallelism on each decoder layer, then FSDP2 per layer and on the whole model. With
+    strategy "ddp" (no tensor parallelism) every rank keeps the whole model and DDP averages gradients:
+    the baseline the benchmark compares with."""
+    import torch
+
+    if activation_checkpointing:
+        # Recompute each decoder layer in the backward pass instead of keeping its activations.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if layout.world == 1:
+        return model
+    if strategy == "ddp":
+        if layout.tp > 1:
+            raise SystemExit("DDP keeps the whole model on every rank: it takes no tensor parallelism")
+        return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    layers = model.model.layers
+    if layout.tp > 1:
+        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        for layer in layers:
+            parallelize_module(layer, layout.mesh["tp"], {name: styles[s]() for name, s in TP_PLAN.items()})
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if mixed_precision
+        else MixedPrecisionPolicy()
+    )
+    for layer in layers:
+        fully_shard(layer, mesh=layout.mesh["dp"], mp_policy=policy)
+    fully_shard(model, mesh=layout.mesh["dp"], mp_policy=policy)
+    return model
+
+
+def clip_grad_norm(parameters, max_norm):
+    """The global gradient norm, clipped to `max_norm`. Parameters live on two meshes (dp for the
+    replicated-across-tp ones, dp x tp for the tensor-parallel ones), so norms are summed per mesh and
+    then together; torch's own clip_grad_norm_ cannot stack DTensors of different meshes."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    groups = {}
+    for grad in grads:
+        key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
+        groups.setdefault(key, []).append(grad)
+    total = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else "cpu")
+    for members in groups.values():
+        squares = torch.stack([torch.linalg.vector_norm(g, 2, dtype=torch.float32) for g in members]).pow(2).sum()
+        if isinstance(squares, DTensor):
+            squares = squares.full_tensor()
+        total = total + squares
+    norm = total.sqrt()
+    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for grad in grads:
+        grad.mul_(scale.to(grad.dtype) if not isinstance(grad, DTensor) else scale.item())
+    return norm
+
+
+# -- checkpoints ------------------------------------------------------------------------------------
+
+
+def rng_state():
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state):
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def steps_in(folder):
+    return sorted((p for p in folder.glob("step-*") if p.name[5:].isdigit()), key=lambda p: int(p.name.split("-")[1]))
+
+
+def latest(folder):
+    found = steps_in(folder) if folder.exists() else []
+    return found[-1] if found else None
+
+
+def save(folder, step, model, optimizer, train_state, layout, keep=2):
+    """step-N/: DCP shards of the model and optimizer, train_state.pt (scheduler, data position),
+    meta.json and rng-<rank>.pt; written to .tmp-step-N and renamed once every rank has written."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    started = time.perf_counter()
+    tmp = folder / f".tmp-step-{step}"
+    if layout.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    layout.barrier()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp))
+    torch.save(rng_state(), tmp / f"rng-{layout.rank}.pt")
+    layout.barrier()
+    if layout.rank == 0:
+        torch.save(train_state, tmp / "train_state.pt")
+        meta = {"step": step, "position": train_state["position"], "world": layout.world, "tp": layout.tp,
+                "format": "dcp"}  # fmt: skip
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        os.replace(tmp, folder / f"step-{step}")
+        for old in steps_in(folder)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    layout.barrier()
+    return time.perf_counter() - started
+
+
+def load(source, model, optimizer, layout):
+    """Resume from a checkpoint of this run: (meta, train_state, resharded). At the same world size and
+    tensor parallelism every rank's RNG state comes back too (bit-exact); at another, DCP reshards the
+    model and optimizer and the RNG states are left as seeded (said in the run's events)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    meta = json.loads((source / "meta.json").read_text())
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(source))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    train_state = torch.load(source / "train_state.pt", weights_only=False)
+    same = meta["world"] == layout.world and meta.get("tp", 1) == layout.tp
+    if same:
+        set_rng_state(torch.load(source / f"rng-{layout.rank}.pt", weights_only=False))
+    return meta, train_state, not same
+
+
+def load_weights(source, model):
+    """A model's weights only (continued pretraining, SFT, RL from a checkpoint), whatever layout wrote
+    it: a DCP checkpoint (resharded), or an older one with the whole model in state.pt."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
+    source = Path(source)
+    if (source / "state.pt").exists():
+        full = torch.load(source / "state.pt", weights_only=False)["model"]
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
+    else:
+        state = {"model": get_model_state_dict(model)}
+        dcp.load(state, checkpoint_id=str(source))
+        set_model_state_dict(model, state["model"])
+    return json.loads((source / "meta.json").read_text())["step"]
+
+
+def save_weights(folder, step, model):
+    """A one-process model's weights as a DCP checkpoint (the RL trainers'), loadable like any other."""
+    import torch.distributed.checkpoint as dcp
+
+    tmp = folder.parent / f".tmp-{folder.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp))
+    (tmp / "meta.json").write_text(json.dumps({"step": step, "position": 0, "world": 1, "tp": 1, "format": "dcp"}))
+    os.replace(tmp, folder)
+
+
+def peak_memory_mb():
+    """This process's peak memory: allocated GPU memory on a GPU, else the resident set size."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

@@ -1,0 +1,144 @@
+"""The training entry point itself (recipes/train.py with recipes/distributed.py), run as the nodes run it
+but started with torchrun on this machine: a 2x2 mesh (FSDP2 x tensor parallel) over gloo trains to the
+same loss as one rank with the same global batch, its DCP checkpoints resume bit-exactly and load at
+another world size, and GRPO raises the reward of the shipped task. Persona: tomas, who writes recipes.
+The fit check (recipes/fit.py) refuses what cannot fit before anything is submitted."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from recipes import fit
+from recipes.catalog import get_recipe
+
+ROOT = Path(settings.BASE_DIR)
+
+
+def config(folder, family="llama", **changes):
+    values = {
+        "recipe": "test", "family": family, "kind": "pretrain", "profile": "tiny",
+        "model": {"hidden_size": 64, "intermediate_size": 172, "layers": 2, "heads": 4, "kv_heads": 2},
+        "seq_len": 64, "micro_batch": 4, "lr": 3e-3, "steps": 12, "precision": "fp32", "checkpoint_every": 6,
+        "seed": 7, "data_seed": 1234, "output_dir": str(folder), "log_every": 6,
+        "parallel": {"tensor": 2, "global_batch": 16, "activation_checkpointing": True},
+    }  # fmt: skip
+    for key, value in changes.items():
+        if key in ("tensor", "global_batch"):
+            values["parallel"][key] = value
+        else:
+            values[key] = value
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(values))
+    return folder
+
+
+def train(folder, ranks=1):
+    command = [sys.executable, "-m", "recipes.train", str(folder / "config.json")]
+    if ranks > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+                   "--standalone", "-m", "recipes.train", str(folder / "config.json")]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads((folder / "result.json").read_text())
+
+
+def losses(folder):
+    return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_a_2x2_mesh_trains_to_the_loss_of_one_rank_with_the_same_global_batch(tmp_path, family):
+    one = train(config(tmp_path / "one", family, tensor=1))
+    four = train(config(tmp_path / "four", family), ranks=4)
+    assert (four["world"], four["tensor"], four["data"], four["accumulation"]) == (4, 2, 2, 2)
+    assert (one["world"], one["accumulation"]) == (1, 4)
+    for a, b in zip(losses(tmp_path / "one"), losses(tmp_path / "four"), strict=True):
+        assert abs(a - b) < 1e-4
+    assert abs(one["final_loss"] - four["final_loss"]) < 1e-4
+    assert losses(tmp_path / "four")[-1] < losses(tmp_path / "four")[0]
+
+
+def test_a_sharded_checkpoint_resumes_bit_exactly_and_loads_on_another_world_size(tmp_path):
+    whole = train(config(tmp_path / "whole"), ranks=4)
+    step6 = tmp_path / "whole" / "checkpoints" / "step-6"
+    assert sorted(p.name for p in step6.glob("__*_0.distcp")) == [f"__{r}_0.distcp" for r in range(4)]  # sharded
+    assert json.loads((step6 / "meta.json").read_text()) == {"step": 6, "position": 6, "world": 4, "tp": 2,
+                                                              "format": "dcp"}  # fmt: skip
+    for name, ranks in (("again", 4), ("smaller", 2)):
+        folder = config(tmp_path / name)
+        shutil.copytree(step6, folder / "checkpoints" / "step-6")  # as if killed after step 6, then requeued
+        result = train(folder, ranks=ranks)
+        resumed = json.loads((folder / "events.jsonl").read_text().splitlines()[0])
+        assert (resumed["event"], resumed["step"], resumed["from_world"]) == ("resumed", 6, 4)
+        if name == "again":  # the same layout: every rank's RNG state too, so exactly the same run
+            assert resumed["resharded"] is False
+            assert result["final_loss"] == whole["final_loss"]
+        else:  # 4 ranks' shards on 2 ranks (DCP reshards), the same data and batch: the same loss
+            assert resumed["resharded"] is True and result["world"] == 2
+            assert abs(result["final_loss"] - whole["final_loss"]) < 1e-4
+    assert not list((tmp_path / "whole" / "checkpoints").glob(".tmp-*"))  # written atomically
+
+
+def test_grpo_raises_the_mean_reward_of_the_shipped_task(tmp_path):
+    pretrained = train(config(tmp_path / "pre", tensor=1, steps=60, checkpoint_every=60))
+    assert pretrained["step"] == 60
+    recipe = get_recipe("llama3.1-8b-grpo")
+    grpo = config(
+        tmp_path / "grpo", kind="rl", steps=60, lr=5e-3, micro_batch=8, dataset=str(ROOT / recipe["dataset"]),
+        init_from=str(tmp_path / "pre" / "checkpoints" / "step-60"), **recipe["rl"],
+    )  # fmt: skip
+    train(grpo)
+    rewards = [json.loads(line)["reward"] for line in (grpo / "metrics.jsonl").read_text().splitlines()]
+    assert len(rewards) == 60
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    assert last > first + 0.1, rewards
+    assert json.loads((grpo / "checkpoints" / "step-60" / "meta.json").read_text())["format"] == "dcp"
+
+
+def test_the_fit_check_refuses_70b_on_one_a3_ultra_node_and_takes_the_catalogs_layout():
+    recipe = get_recipe("llama3.1-70b-pretrain")
+    full = recipe["profiles"]["full"]
+    assert (full["tensor"], full["ranks_per_node"], full["nodes"]) == (4, 8, 4)
+
+    def on(nodes):
+        ranks = nodes * full["ranks_per_node"]
+        return fit.estimate(full, "llama", tensor=full["tensor"], data=ranks // full["tensor"],
+                            micro_batch=1, seq_len=8192, accelerator_type="NVIDIA_H200_141GB")  # fmt: skip
+
+    one, layout = on(1), on(4)
+    assert fit.parameters(full, "llama").total == pytest.approx(70.55e9, rel=1e-3)  # the published 70B
+    assert not one.fits and one.total > 141e9 and one.parts["model states"] > 141e9
+    assert layout.fits and layout.total < 141e9
+    assert one.sentence().startswith(f"{one.total / 1e9:.1f} GB per GPU of the 141 GB a H200 141GB has")
+
+
+@pytest.mark.django_db
+def test_a_launch_that_cannot_fit_is_refused_with_the_numbers(alpha, alice, settings):
+    """On a gce cluster of A3 Ultra nodes (provisioned: nothing runs here), 70B on one node is a 400."""
+    from clusters import services
+    from clusters.spec.reference import build_spec
+    from console.errors import FieldErrors
+    from recipes import services as runs
+
+    from .conftest import provisioned
+
+    settings.GCE_REACH_CLUSTERS = False
+    alpha.gcp_project_id = "tcc-test"
+    alpha.save()
+    spec = build_spec("a3-ultra", display_name="ultra", zone="us-central1-b", nodes=4, backend="gce")
+    cluster = services.create_cluster(project=alpha, name="ultra", spec=spec, user=alice).cluster
+    provisioned(pk=cluster.pk)
+    body = {"recipe": "llama3.1-70b-pretrain", "profile": "full", "partition": "a3ultra"}
+    with pytest.raises(FieldErrors) as refused:
+        runs.validate_launch(cluster, {**body, "nodes": 1})
+    (message,) = refused.value.errors["profile"]
+    assert message.startswith("Llama 3.1 70B pretraining on 1 node(s) does not fit: it needs 206.8 GB per GPU")
+    assert "of the 141 GB a H200 141GB has" in message
+    launch = runs.validate_launch(cluster, {**body, "nodes": 4})
+    assert (launch["ranks_per_node"], launch["tensor"], launch["data"], launch["accumulation"]) == (8, 4, 8, 16)
+    assert launch["estimate"]["fits"] and launch["estimate"]["total_gb"] == 79.9
