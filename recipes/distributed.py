@@ -172,9 +172,10 @@ def latest(folder):
     return found[-1] if found else None
 
 
-def save(folder, step, model, optimizer, train_state, layout, keep=2):
+def save(folder, step, model, optimizer, train_state, layout, keep=2, extra=None):
     """step-N/: DCP shards of the model and optimizer, train_state.pt (scheduler, data position),
-    meta.json and rng-<rank>.pt; written to .tmp-step-N and renamed once every rank has written."""
+    meta.json and rng-<rank>.pt (and what `extra(folder)` writes, on rank 0); written to .tmp-step-N and
+    renamed once every rank has written."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -190,6 +191,8 @@ def save(folder, step, model, optimizer, train_state, layout, keep=2):
     torch.save(rng_state(), tmp / f"rng-{layout.rank}.pt")
     layout.barrier()
     if layout.rank == 0:
+        if extra is not None:
+            extra(tmp)
         torch.save(train_state, tmp / "train_state.pt")
         meta = {"step": step, "position": train_state["position"], "world": layout.world, "tp": layout.tp,
                 "format": "dcp"}  # fmt: skip
@@ -223,7 +226,8 @@ def load(source, model, optimizer, layout):
 
 def load_weights(source, model):
     """A model's weights only (continued pretraining, SFT, RL from a checkpoint), whatever layout wrote
-    it: a DCP checkpoint (resharded), or an older one with the whole model in state.pt."""
+    it: a DCP checkpoint (resharded), or an older one with the whole model in state.pt. (A Hugging Face
+    format folder's safetensors are loaded when the model is built: train.build_model.)"""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (

@@ -21,6 +21,7 @@ pointing at the fake and TCC_SIMULATED_VM=1, the script's one switch (package in
 cgroup process tracking). Needs root (namespaces, a bridge, veth pairs): CI and this machine run as root.
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -31,6 +32,8 @@ import uuid
 from pathlib import Path
 
 HOME_SHARE = re.compile(r"^HOME_SHARE='([^']*)'", re.MULTILINE)
+# Each VPC's owner: a test run killed before it stopped its fake leaves VMs running; the next VPC reaps them.
+OWNERS = Path("/run/tcc-fake-vpcs")
 VM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # PID 1 of the VM: the mounts, the host name, then the startup script from the metadata server, then
@@ -66,9 +69,12 @@ class VPC:
     """One bridge (the VPC), its gateway address and the VMs on it, by instance name."""
 
     def __init__(self, root):
+        reap_stale()
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.id = uuid.uuid4().hex[:6]
+        OWNERS.mkdir(parents=True, exist_ok=True)
+        (OWNERS / self.id).write_text(str(os.getpid()))
         self.bridge = f"tccb{self.id}"
         self.subnet = self._free_subnet()
         self.gateway = f"{self.subnet}.1"
@@ -152,6 +158,26 @@ class VPC:
                 self.destroy(name)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
+        (OWNERS / self.id).unlink(missing_ok=True)
+
+
+def reap_stale():
+    """Power off and remove the VMs, network namespaces and bridge of every VPC whose test process is gone."""
+    for owner in OWNERS.glob("*") if OWNERS.exists() else ():
+        try:
+            os.kill(int(owner.read_text()), 0)
+            continue  # its test run is alive
+        except (ProcessLookupError, ValueError):
+            pass
+        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        for name in [n for n in namespaces if n.startswith(f"tccv{owner.name}-")]:
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"tccb{owner.name}"], capture_output=True)
+        owner.unlink(missing_ok=True)
 
 
 class VM:

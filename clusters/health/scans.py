@@ -23,7 +23,7 @@ from ..choices import ClusterStatus, EventLevel, NodeRole, NodeState, OperationK
 from ..events import record_event
 from ..models import HealthResult
 from ..operations import start
-from ..slurm.states import NODE_UP, is_schedulable, split_state
+from ..slurm.states import NODE_UP, is_down, is_drained, is_schedulable, split_state
 from ..work import PermanentBackendError, Step, TransientBackendError, heartbeat
 from . import FAIL, PASS, WARN, load_checks, threshold_errors, thresholds, unknown_checks
 from .checks.correctness import checksum
@@ -252,6 +252,13 @@ def wait(ctx, timeout=SCAN_TIMEOUT):
             for name in running:
                 backend.cancel_job(cluster, jobs[name])
             return
+        pending = [name for name, status in running.items() if status.state == "PENDING"]
+        if pending and not done:
+            lost = lost_nodes(backend, cluster, wanted)
+            if lost:
+                for job_id in jobs.values():
+                    backend.cancel_job(cluster, job_id)
+                raise PermanentBackendError(f"the scan could not start: {lost}")
         if not running:
             missing = sorted(set(wanted) - set(done))
             detail = ", ".join(f"{s.state} exit {s.exit_code}" for s in states.values() if s is not None)
@@ -263,6 +270,18 @@ def wait(ctx, timeout=SCAN_TIMEOUT):
                 backend.cancel_job(cluster, job_id)
             raise TransientBackendError(f"the scan job did not finish within {timeout} s; it was cancelled")
         time.sleep(0.5)
+
+
+def lost_nodes(backend, cluster, wanted):
+    """Which of the scan's nodes Slurm took away after the scan picked them (drained or down, e.g. by
+    its HealthCheckProgram), as a sentence; "" when none: a scan job waiting for them would wait for
+    ever, so it fails at once and the drained node goes to its repair instead."""
+    gone = [
+        f"{status.name} is {status.display_state} ({status.reason or 'no reason'})"
+        for status in backend.node_statuses(cluster)
+        if status.name in wanted and (is_drained(status.display_state) or is_down(status.display_state))
+    ]
+    return "; ".join(gone)
 
 
 def evaluate(ctx):

@@ -7,7 +7,6 @@ from ...choices import NodeRole
 from ...spec.catalog import machine_type_info
 from ..base import NodeShape
 
-
 MIN_CPUS = 2  # the tiny profiles' CPU ranks per node (recipes/catalog)
 
 
