@@ -185,6 +185,22 @@ PERIODIC_TASKS = {
     "run-due-scans": ("clusters.tasks.run_due_scans", 60.0),
     "prune-history": ("clusters.tasks.prune_history", 3600.0),
 }
+# Inference endpoints (recipes/endpoints.py): one reconcile round for every endpoint (replicas, rolls,
+# autoscaling) every ENDPOINT_RECONCILE_SECONDS; the router (recipes/router.py) writes a sample per
+# endpoint every ROUTER_SAMPLE_SECONDS and reads its routing table every ROUTER_REFRESH_SECONDS.
+ENDPOINT_RECONCILE_SECONDS = envfloat("ENDPOINT_RECONCILE_SECONDS", 5.0)
+ENDPOINT_SCALE_WINDOW_SECONDS = envfloat("ENDPOINT_SCALE_WINDOW_SECONDS", 30.0)
+ENDPOINT_SCALE_COOLDOWN_SECONDS = envfloat("ENDPOINT_SCALE_COOLDOWN_SECONDS", 60.0)
+ENDPOINT_SCALE_DOWN_IDLE_SECONDS = envfloat("ENDPOINT_SCALE_DOWN_IDLE_SECONDS", 300.0)
+# A draining replica gets no new request once every router has refreshed; it is stopped after this.
+ENDPOINT_DRAIN_SECONDS = envfloat("ENDPOINT_DRAIN_SECONDS", 30.0)
+ROUTER_HOST = env("ROUTER_HOST", "127.0.0.1")
+ROUTER_PORT = envint("ROUTER_PORT", 8100)
+ROUTER_REFRESH_SECONDS = envfloat("ROUTER_REFRESH_SECONDS", 1.0)
+ROUTER_SAMPLE_SECONDS = envfloat("ROUTER_SAMPLE_SECONDS", 5.0)
+ROUTER_TOKEN_CACHE_SECONDS = envfloat("ROUTER_TOKEN_CACHE_SECONDS", 10.0)
+ROUTER_REQUEST_TIMEOUT = envfloat("ROUTER_REQUEST_TIMEOUT", 120.0)
+PERIODIC_TASKS["reconcile-endpoints"] = ("recipes.endpoints.reconcile_endpoints", ENDPOINT_RECONCILE_SECONDS)
 # Tasks the periodic ones fan out, on the same queue.
 PERIODIC_FAN_OUT = ["clusters.tasks.sync_cluster"]
 
@@ -252,6 +268,14 @@ SPECTACULAR_SETTINGS = {
 }
 
 # Cluster backends: the name in a spec's console.backend picks one of these.
+# The model registry: an MLflow tracking server (scripts/mlflow.sh starts the embedded one: SQLite and
+# an artifact folder under var/, bound to 127.0.0.1; production: PostgreSQL and a GCS bucket, see
+# docs/registry.md). The console is its only client; users reach models through the console.
+MLFLOW_TRACKING_URI = env("MLFLOW_TRACKING_URI", "http://127.0.0.1:5070")
+MLFLOW_TIMEOUT = envint("MLFLOW_TIMEOUT", 30)
+# Model names in the registry are "<project slug>.<name>"; experiments "<prefix><project slug>".
+MLFLOW_EXPERIMENT_PREFIX = env("MLFLOW_EXPERIMENT_PREFIX", "tcc/")
+
 CLUSTER_BACKENDS = {
     "local": "clusters.backends.local.LocalBackend",
     "gce": "clusters.backends.gce.GceBackend",

@@ -17,6 +17,8 @@ urlpatterns = [
     path("clusters/<slug:project>/<slug:name>/tensorboard/", recipes_views.tensorboard_proxy, name="tensorboard"),
     path("clusters/<slug:project>/<slug:name>/tensorboard/<path:path>", recipes_views.tensorboard_proxy),
     path("clusters/", include("clusters.urls")),
+    path("models/", include("recipes.registry_urls")),
+    path("endpoints/", include("recipes.endpoint_urls")),
     path("api/v1/", include("clusters.api.urls")),
     path("api/v1/", include("recipes.api.urls")),
     path("v1beta1/", include("clusters.api.compat_urls")),

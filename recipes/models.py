@@ -62,6 +62,14 @@ class Run(models.Model):
     metrics_offset = models.PositiveBigIntegerField(default=0)  # bytes of metrics.jsonl already stored
     log_tail = models.TextField(blank=True)
     progress_synced = models.DateTimeField(null=True, blank=True)
+    # The registry: the run's MLflow run (params and metrics logged as it trains), the metric lines
+    # already logged there, the model version it started from, and whether it registered by itself.
+    init_version = models.ForeignKey(
+        "ModelVersion", models.SET_NULL, null=True, blank=True, related_name="continued_by"
+    )
+    mlflow_run_id = models.CharField(max_length=64, blank=True)
+    mlflow_logged = models.PositiveIntegerField(default=0)
+    auto_registered = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created"]
@@ -75,6 +83,10 @@ class Run(models.Model):
     @property
     def is_done(self):
         return self.status in RunStatus.done()
+
+    def in_home(self, *parts):
+        """A path in the run's folder relative to the cluster's shared home (for the cluster agent)."""
+        return "/".join(["runs", self.work_dir.rstrip("/").rsplit("/", 1)[-1], *parts])
 
     @property
     def status_colour(self):
@@ -102,16 +114,26 @@ class RunMetric(models.Model):
 
 
 class ModelVersion(models.Model):
-    """A trained model registered from a run's checkpoint: name + version, within a project."""
+    """A registered model version, as the console knows it: the registry (MLflow) holds the version, its
+    aliases, tags and artifacts (an exported Hugging Face format folder); this row is the console's index
+    of it, scoped to a project, with its lineage kept as names so that it outlives its run and cluster."""
 
     project = models.ForeignKey("clusters.Project", models.CASCADE, related_name="model_versions")
-    name = models.SlugField(max_length=100)
-    version = models.PositiveIntegerField()
-    run = models.ForeignKey(Run, models.PROTECT, related_name="model_versions")
+    name = models.SlugField(max_length=100)  # the console's name; MLflow's is "<project slug>.<name>"
+    version = models.PositiveIntegerField()  # MLflow's version number
+    run = models.ForeignKey(Run, models.SET_NULL, null=True, blank=True, related_name="model_versions")
     family = models.CharField(max_length=20)
-    checkpoint = models.CharField(max_length=500)
+    checkpoint = models.CharField(max_length=500)  # the artifact's URI in the registry's store
     step = models.PositiveIntegerField()
     final_loss = models.FloatField(null=True, blank=True)
+    # Lineage: version -> run -> cluster -> recipe -> parent version (kept when the run and cluster go).
+    run_uuid = models.UUIDField(null=True, blank=True)
+    cluster_name = models.CharField(max_length=63, blank=True)
+    recipe_id = models.CharField(max_length=100, blank=True)
+    parent = models.ForeignKey("self", models.SET_NULL, null=True, blank=True, related_name="children")
+    mlflow_run_id = models.CharField(max_length=64, blank=True)
+    size = models.PositiveBigIntegerField(default=0)  # bytes of the artifact
+    automatic = models.BooleanField(default=False)  # registered by itself when its run completed
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True)
     created = models.DateTimeField(default=timezone.now)
 
@@ -121,3 +143,175 @@ class ModelVersion(models.Model):
 
     def __str__(self):
         return f"{self.name} v{self.version}"
+
+    def get_absolute_url(self):
+        return reverse("model-version", args=[self.project.slug, self.name, self.version])
+
+    @property
+    def ref(self):
+        return f"{self.name}:v{self.version}"
+
+    @property
+    def live_run(self):
+        """Its run while that run's cluster exists (a deleted cluster's runs have no pages)."""
+        from clusters.choices import ClusterStatus
+
+        run = self.run
+        return run if run is not None and run.cluster.status != ClusterStatus.DELETED else None
+
+
+class EndpointStatus(models.TextChoices):
+    STARTING = "STARTING", "Starting"  # no replica answers yet
+    READY = "READY", "Ready"
+    ROLLING = "ROLLING", "Rolling"  # replicas of a new version are starting; the old ones still serve
+    DELETING = "DELETING", "Deleting"
+    DELETED = "DELETED", "Deleted"
+
+    @classmethod
+    def live(cls):
+        return {cls.STARTING, cls.READY, cls.ROLLING}
+
+
+ENDPOINT_STATUS_COLOURS = {
+    EndpointStatus.STARTING: "grey",
+    EndpointStatus.READY: "green",
+    EndpointStatus.ROLLING: "blue",
+    EndpointStatus.DELETING: "amber",
+    EndpointStatus.DELETED: "grey",
+}
+
+
+class Endpoint(models.Model):
+    """A model version (or whatever version an alias names) served from replicas on one cluster,
+    behind the router (recipes/router.py), scaled between min and max replicas on in-flight requests."""
+
+    uuid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    project = models.ForeignKey("clusters.Project", models.CASCADE, related_name="endpoints")
+    cluster = models.ForeignKey("clusters.Cluster", models.CASCADE, related_name="endpoints")
+    name = models.SlugField(max_length=63)
+    model_name = models.SlugField(max_length=100)
+    version = models.PositiveIntegerField(null=True, blank=True)  # pinned, or
+    alias = models.CharField(max_length=63, blank=True)  # followed: moving the alias rolls the endpoint
+    serving = models.ForeignKey(ModelVersion, models.SET_NULL, null=True, blank=True, related_name="endpoints")
+    min_replicas = models.PositiveIntegerField(default=1)
+    max_replicas = models.PositiveIntegerField(default=1)
+    target_in_flight = models.FloatField(default=2.0)  # per replica; above it scales up
+    desired_replicas = models.PositiveIntegerField(default=1)
+    status = models.CharField(max_length=10, choices=EndpointStatus.choices, default=EndpointStatus.STARTING)
+    last_scaled = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "name"],
+                condition=~models.Q(status="DELETED"),
+                name="one_live_endpoint_per_name",
+            )
+        ]
+
+    def __str__(self):
+        return f"{self.project.slug}/{self.name}"
+
+    def get_absolute_url(self):
+        return reverse("endpoint-detail", args=[self.project.slug, self.name])
+
+    @property
+    def target(self):
+        return f"{self.model_name}@{self.alias}" if self.alias else f"{self.model_name}:v{self.version}"
+
+    @property
+    def status_colour(self):
+        return ENDPOINT_STATUS_COLOURS[self.status]
+
+    def set_status(self, new, *, expected, **fields):
+        return compare_and_set(self, expected=expected, status=new, **fields)
+
+
+class ReplicaState(models.TextChoices):
+    STARTING = "STARTING", "Starting"  # its Slurm job is queued or loading the model
+    READY = "READY", "Ready"  # answers /health: the router sends it requests
+    DRAINING = "DRAINING", "Draining"  # no new requests; stopped once the in-flight ones are done
+    STOPPED = "STOPPED", "Stopped"
+    FAILED = "FAILED", "Failed"
+
+    @classmethod
+    def routed(cls):
+        return {cls.READY}
+
+    @classmethod
+    def running(cls):
+        return {cls.STARTING, cls.READY, cls.DRAINING}
+
+
+class Replica(models.Model):
+    endpoint = models.ForeignKey(Endpoint, models.CASCADE, related_name="replicas")
+    version = models.ForeignKey(ModelVersion, models.SET_NULL, null=True, blank=True, related_name="replicas")
+    version_ref = models.CharField(max_length=120)
+    slurm_job_id = models.PositiveIntegerField(null=True, blank=True)
+    folder = models.CharField(max_length=300)  # relative to the cluster's shared home
+    host = models.CharField(max_length=255, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=10, choices=ReplicaState.choices, default=ReplicaState.STARTING)
+    error = models.CharField(max_length=300, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    draining_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created"]
+
+    def __str__(self):
+        return f"{self.endpoint} replica {self.pk} ({self.state})"
+
+    @property
+    def url(self):
+        return f"http://{self.host}:{self.port}" if self.host and self.port else ""
+
+    def set_state(self, new, *, expected, **fields):
+        """Compare-and-set on the replica's state; returns whether it moved."""
+        moved = Replica.objects.filter(pk=self.pk, state__in=expected).update(state=new, **fields)
+        if moved:
+            self.state = new
+            for key, value in fields.items():
+                setattr(self, key, value)
+        return bool(moved)
+
+
+class EndpointSample(models.Model):
+    """What the router saw for one endpoint over one interval (ROUTER_SAMPLE_SECONDS)."""
+
+    endpoint = models.ForeignKey(Endpoint, models.CASCADE, related_name="samples")
+    time = models.DateTimeField(db_index=True)
+    seconds = models.FloatField()
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    p50_ms = models.FloatField(null=True, blank=True)
+    p95_ms = models.FloatField(null=True, blank=True)
+    in_flight = models.FloatField(default=0)  # mean requests in flight over the interval
+    replicas = models.PositiveIntegerField(default=0)  # routed replicas
+
+    class Meta:
+        ordering = ["time"]
+
+    def __str__(self):
+        return f"{self.endpoint_id} at {self.time:%H:%M:%S}"
+
+    @property
+    def requests_per_s(self):
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+class EndpointEvent(models.Model):
+    endpoint = models.ForeignKey(Endpoint, models.CASCADE, related_name="events")
+    time = models.DateTimeField(default=timezone.now)
+    message = models.CharField(max_length=500)
+
+    class Meta:
+        ordering = ["-time"]
+
+    def __str__(self):
+        return self.message

@@ -8,8 +8,10 @@ Slurm's job state and is recorded in the console's database, so history survives
 
 import json
 import os
+import re
 import shlex
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from django.db import transaction
@@ -19,9 +21,10 @@ from clusters import services as clusters
 from clusters.choices import EventLevel, NodeRole
 from clusters.events import record_event
 from clusters.slurm import states
+from clusters.spec.validator import RESOURCE_ID
 from console.errors import Conflict, ConsoleError, FieldErrors
 
-from . import fit
+from . import fit, registry
 from .catalog import get_recipe, recipes
 from .models import ModelVersion, Run, RunMetric, RunStatus
 
@@ -104,6 +107,13 @@ def validate_launch(cluster, data):
             f"the {profile_name} profile needs {profile['gpus_per_node']} GPUs per node; "
             f"partition '{partition}' has {shape[1]} (use the tiny profile)"
         )
+    init_from = None
+    if recipe and recipe["kind"] in ("cpt", "sft", "rl"):
+        init_from, problem = checkpoint_source(cluster, recipe, data.get("init_from"))
+        if problem:
+            errors["init_from"] = [problem]
+    if isinstance(init_from, HubFolder) and profile:
+        profile = {**profile, **init_from.shape}  # the folder's model is the one trained and laid out
     layout = layout_of(recipe, profile, nodes, errors) if recipe and profile and nodes else None
     estimate = None
     if layout and shape:
@@ -117,11 +127,7 @@ def validate_launch(cluster, data):
                 f"{recipe['name']} on {nodes} node(s) does not fit: it needs {estimate.sentence()}; "
                 "use more nodes (a larger data-parallel group shards more of it)"
             )
-    init_from = None
-    if recipe and recipe["kind"] in ("cpt", "sft", "rl"):
-        init_from, problem = checkpoint_source(cluster, recipe, data.get("init_from"))
-        if problem:
-            errors["init_from"] = [problem]
+    register_as = registration(recipe, data, errors) if recipe else None
     dataset = data.get("dataset") or None  # the page's form sends "" for "the recipe's own"
     if dataset is not None and recipe and not errors:
         problem = dataset_problem(cluster, dataset)
@@ -148,7 +154,25 @@ def validate_launch(cluster, data):
         "accelerator": shape[2] if shape[1] else "",
         "estimate": estimate.as_dict(),
         "dataset": dataset,
+        "register_as": register_as,
     }
+
+
+def registration(recipe, data, errors):
+    """The model a run registers as when it completes: `register_as` (default: the recipe's id as a
+    name), unless `register` is false or the recipe opts out (`"register": false` in its catalog entry)."""
+    wanted = str(data.get("register", "")).strip().lower()
+    if wanted not in ("", "true", "false", "1", "0", "yes", "no", "on", "off"):
+        errors["register"] = ["must be true or false"]
+        return None
+    default = recipe.get("register", True)
+    if not (wanted in ("true", "1", "yes", "on") or (wanted == "" and default)):
+        return None
+    name = (data.get("register_as") or "").strip() or re.sub(r"[^a-z0-9-]+", "-", recipe["id"].lower()).strip("-")
+    if not RESOURCE_ID.match(name):
+        errors["register_as"] = ["must be lowercase letters, digits and hyphens, starting with a letter"]
+        return None
+    return name
 
 
 def dataset_problem(cluster, path):
@@ -162,21 +186,87 @@ def dataset_problem(cluster, path):
     return "" if found else f"there is no {path} in the cluster's shared home"
 
 
+@dataclass(frozen=True)
+class HubFolder:
+    """A Hugging Face format folder in the cluster's shared home: config.json, safetensors weights and
+    a tokenizer (what `save_pretrained` writes); `shape` is its model's, in the catalog's terms."""
+
+    path: str
+    shape: dict
+    step: int = 0  # a registered version's training step (its tcc.json), which continued pretraining carries on
+    version: ModelVersion | None = None  # the registered version it was staged from
+
+
+HUB_FAMILIES = {"llama": "llama", "gemma": "gemma", "gemma2": "gemma"}  # config.json model_type -> family
+
+
+def hub_folder(cluster, recipe, path):
+    """(HubFolder, problem) for init_from "hf:<folder>"; the folder is read through the cluster agent."""
+    path = path.strip("/")
+    try:
+        if not clusters.file_exists(cluster, f"{path}/config.json"):
+            return None, f"there is no {path}/config.json in the cluster's shared home (a Hugging Face format folder)"
+        config = json.loads(clusters.read_file(cluster, f"{path}/config.json"))
+        weights = clusters.list_files(cluster, path, "*.safetensors")
+        tokenizer = clusters.list_files(cluster, path, "tokenizer*.json")
+    except (ConsoleError, ValueError) as exc:
+        return None, f"{path} cannot be read: {getattr(exc, 'message', exc)}"
+    family = HUB_FAMILIES.get(config.get("model_type"))
+    if family is None:
+        return None, f"{path} holds a {config.get('model_type')!r} model; recipes train {', '.join(HUB_FAMILIES)}"
+    if family != recipe["family"]:
+        return None, f"{path} holds a {family} model; this recipe trains {recipe['family']}"
+    if not weights or not tokenizer:
+        return None, f"{path} needs its weights (*.safetensors) and its tokenizer (tokenizer.json)"
+    heads = config.get("num_attention_heads", 1)
+    shape = {
+        "hidden_size": config.get("hidden_size"),
+        "intermediate_size": config.get("intermediate_size"),
+        "layers": config.get("num_hidden_layers"),
+        "heads": heads,
+        "kv_heads": config.get("num_key_value_heads", heads),
+        "vocab_size": config.get("vocab_size"),
+        **({"head_dim": config["head_dim"]} if config.get("head_dim") else {}),
+    }
+    if not all(isinstance(v, int) and v > 0 for v in shape.values()):
+        return None, f"{path}/config.json lacks the model's shape (hidden_size, num_hidden_layers, ...)"
+    step = 0
+    try:
+        if clusters.file_exists(cluster, f"{path}/tcc.json"):  # a run's export: its step
+            step = int(json.loads(clusters.read_file(cluster, f"{path}/tcc.json")).get("step") or 0)
+    except (ConsoleError, ValueError, TypeError, AttributeError):
+        step = 0
+    return HubFolder(path, shape, step), ""
+
+
 def checkpoint_source(cluster, recipe, source):
-    """(run, problem): the run continued pretraining starts from (given as a run id or a registered
-    model version, "name:vN"), or why it cannot."""
+    """(source, problem): what continued pretraining, SFT or RL starts from (a run id, a registered model
+    version "name:vN" or "name@alias", copied from the registry into the cluster's shared home, or a
+    Hugging Face format folder "hf:<folder in the shared home>"), or why it cannot."""
+    if isinstance(source, str) and source.startswith("hf:"):
+        return hub_folder(cluster, recipe, source[3:])
+    if isinstance(source, str) and registry.REF.match(source):
+        try:
+            version = registry.resolve(cluster.project, source)
+        except FieldErrors as exc:
+            return None, exc.errors["init_from"][0]
+        if version.family != recipe["family"]:
+            return None, f"{version.ref} is a {version.family} model; this recipe trains {recipe['family']}"
+        try:
+            path = registry.stage(version, cluster)
+        except ConsoleError as exc:
+            return None, f"{version.ref} could not be copied onto the cluster: {exc.message}"
+        folder, problem = hub_folder(cluster, recipe, path)
+        return (replace(folder, version=version) if folder else None), problem
     run = None
     if is_uuid(source):
         run = Run.objects.filter(uuid=source, cluster__project=cluster.project).first()
-    elif isinstance(source, str) and ":v" in source:
-        name, _, number = source.rpartition(":v")
-        version = ModelVersion.objects.filter(
-            project=cluster.project, name=name, version=int(number) if number.isdigit() else -1
-        ).first()
-        run = version.run if version else None
     if run is None:
         what = {"cpt": "continued pretraining", "sft": "fine-tuning", "rl": "RL"}[recipe["kind"]]
-        return None, f"{what} starts from a run of this project or a registered model (name:vN): give init_from"
+        return None, (
+            f"{what} starts from a run of this project, a registered model (name:vN or name@alias) or a "
+            "Hugging Face format folder (hf:<folder>): give init_from"
+        )
     family = get_recipe(run.recipe_id)["family"]
     if family != recipe["family"]:
         return None, f"that checkpoint is a {family} model; this recipe trains {recipe['family']}"
@@ -213,7 +303,7 @@ def to_int(value, field, errors, minimum):
 
 def in_run(run, *parts):
     """A path in the run's folder relative to the cluster's shared home, for the cluster agent."""
-    return "/".join(["runs", Path(run.work_dir).name, *parts])
+    return run.in_home(*parts)
 
 
 def latest_checkpoint(run):
@@ -266,7 +356,17 @@ def resolve_config(launch, work_dir, runtime):
     elif recipe["kind"] in ("sft", "rl"):
         config["dataset"] = f"{runtime.folder}/{recipe['dataset']}"  # shipped with the nodes' runtime
     config.update(recipe.get("rl") or {})  # the RL algorithm (dpo, grpo) and GRPO's reward
-    if launch["init_from"] is not None:
+    if launch["register_as"]:
+        config["register_as"] = launch["register_as"]  # the console's; train.py does not read it
+    if isinstance(launch["init_from"], HubFolder):
+        folder = launch["init_from"]
+        config["init_from_hf"] = f"{clusters.shared_dir(launch['cluster'])}/{folder.path}"
+        config["model"] = folder.shape
+        if folder.version is not None:
+            config["init_from_ref"] = folder.version.ref
+        if recipe["kind"] == "cpt" and folder.step:  # a run's export carries on its step count too
+            config.update(steps=folder.step + launch["steps"], continue_steps=True, init_step=folder.step)
+    elif launch["init_from"] is not None:
         checkpoint, saved = latest_checkpoint(launch["init_from"])
         config["init_from"] = str(checkpoint)
         if recipe["kind"] == "cpt":  # continued pretraining carries on the step count: `steps` more
@@ -345,7 +445,8 @@ def launch_run(*, cluster, data, user=None):
         partition=launch["partition"],
         nodes=launch["nodes"],
         steps=launch["steps"],
-        init_from=launch["init_from"],
+        init_from=launch["init_from"] if isinstance(launch["init_from"], Run) else None,
+        init_version=launch["init_from"].version if isinstance(launch["init_from"], HubFolder) else None,
         created_by=user,
     )
     try:
@@ -383,11 +484,13 @@ def sync_runs(cluster, jobs):
     """The Slurm sync's hook (clusters.services.on_sync): store the progress of each active run of the
     cluster and follow its job in `jobs` ({job_id: JobStatus}, Slurm's queue at this sync)."""
     for run in cluster.runs.filter(status__in=RunStatus.active()):
-        read_progress(run)  # first: a job Slurm already reports ended has written all it will
+        stored = read_progress(run)  # first: a job Slurm already reports ended has written all it will
         try:
             follow_run(run, jobs.get(run.slurm_job_id))
         except ConsoleError:
             continue  # the agent is not answering: judge the run at the next sync
+        finally:
+            registry.after_sync(run, stored, run.is_done)  # MLflow hears of it (in a task)
 
 
 def refresh_run(run):
@@ -432,6 +535,7 @@ def read_progress(run):
     Run.objects.filter(pk=run.pk).update(**fields)
     for key, value in fields.items():
         setattr(run, key, value)
+    return len(rows)
 
 
 METRICS_READ_BYTES = 4 << 20  # per sync; a longer backlog is read over the next syncs
@@ -550,40 +654,3 @@ def layout_summary(run):
         "precision_note": "fp8 is trained in bf16 here (float8 training needs torchao)" if asked == "fp8" else "",
         "estimate": config.get("estimate") or {},
     }
-
-
-def register_model(*, run, name, user=None):
-    """Register a completed run's last checkpoint as the next version of `name` in its project."""
-    from django.db.models import Max
-
-    from clusters.spec.validator import RESOURCE_ID
-
-    if not isinstance(name, str) or not RESOURCE_ID.match(name):
-        raise FieldErrors({"name": ["must be lowercase letters, digits and hyphens, starting with a letter"]})
-    if run.status != RunStatus.COMPLETED:
-        raise Conflict("Only a completed run can be registered")
-    found = latest_checkpoint(run)
-    if found is None:
-        raise Conflict("The run left no checkpoint")
-    checkpoint, step = found
-    final_loss = (result_of(run) or {}).get("final_loss")
-    project = run.cluster.project
-    with transaction.atomic():
-        latest = (
-            ModelVersion.objects.select_for_update().filter(project=project, name=name).aggregate(v=Max("version"))["v"]
-        )
-        version = ModelVersion.objects.create(
-            project=project,
-            name=name,
-            version=(latest or 0) + 1,
-            run=run,
-            family=get_recipe(run.recipe_id)["family"],
-            checkpoint=str(checkpoint),
-            step=step,
-            final_loss=final_loss,
-            created_by=user,
-        )
-        record_event(
-            run.cluster, f"Registered {name} v{version.version} from run {run.recipe_id} (step {version.step})"
-        )
-    return version

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -97,6 +98,39 @@ class ByteTokenizer:
         return [self.bos, *text.encode("utf-8"), self.eos]
 
 
+class FolderTokenizer:
+    """A Hugging Face format folder's tokenizer with ByteTokenizer's interface (BOS, text, EOS)."""
+
+    def __init__(self, folder):
+        from transformers import AutoTokenizer
+
+        self.hf = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        self.bos = self.hf.bos_token_id if self.hf.bos_token_id is not None else self.hf.eos_token_id
+        self.eos = self.hf.eos_token_id
+        self.pad = self.hf.pad_token_id if self.hf.pad_token_id is not None else self.eos
+
+    def encode(self, text):
+        return [self.bos, *self.hf(text, add_special_tokens=False)["input_ids"], self.eos]
+
+
+def architecture_folder(config):
+    """The Hugging Face format folder a run's model comes from (config.json; weights and tokenizer
+    beside it), when it has one: `init_from_hf`, or the checkpoint it starts from, which keeps the
+    config.json and tokenizer of an HF-born model. None for the recipe's own architecture."""
+    for key in ("init_from_hf", "init_from"):
+        folder = config.get(key)
+        if folder and (Path(folder) / "config.json").exists():
+            return Path(folder)
+    return None
+
+
+def tokenizer_for(config):
+    folder = architecture_folder(config)
+    if folder is not None and any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return FolderTokenizer(folder)
+    return ByteTokenizer()
+
+
 def read_rows(path):
     """The rows of a data set on the cluster's shared storage: JSON lines, or a Parquet file."""
     path = Path(path)
@@ -108,8 +142,24 @@ def read_rows(path):
 
 
 def build_model(config):
+    """The recipe's model: from a Hugging Face format folder (its architecture, and its safetensors
+    weights when the run starts from that folder), or the recipe's own shape from a seed."""
     import torch
-    from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
+
+    folder = architecture_folder(config)
+    if folder is not None:
+        torch.manual_seed(config["seed"])
+        if config.get("init_from_hf"):
+            return AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32, local_files_only=True)
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder, local_files_only=True))
 
     shape = config["model"]
     # The tiny profiles use bytes as tokens; the real ones keep the model's own vocabulary size, and
@@ -161,7 +211,7 @@ def sft_batches(examples, tokenizer, seq_len, global_batch, position):
             prompt = tokenizer.encode(f"### Question: {example['prompt']}\n### Answer: ")[:-1]
             answer = tokenizer.encode(example["response"])[1:]
             ids = (prompt + answer)[: seq_len + 1]
-            ids += [ByteTokenizer.pad] * (seq_len + 1 - len(ids))
+            ids += [tokenizer.pad] * (seq_len + 1 - len(ids))
             labels = ([-100] * len(prompt) + answer)[: seq_len + 1]
             labels += [-100] * (seq_len + 1 - len(labels))
             xs.append(torch.tensor(ids[:-1]))
@@ -170,11 +220,10 @@ def sft_batches(examples, tokenizer, seq_len, global_batch, position):
         yield position, torch.stack(xs), torch.stack(ys)
 
 
-def flops_per_token(config, parameters):
+def flops_per_token(model_config, seq_len, parameters):
     """Training FLOPs per token: 6 x the parameters a token passes through, plus attention's
     12 x layers x hidden x sequence (PaLM, Chowdhery et al. 2022, appendix B)."""
-    shape = config["model"]
-    return 6 * parameters + 12 * shape["layers"] * shape["hidden_size"] * config["seq_len"]
+    return 6 * parameters + 12 * model_config.num_hidden_layers * model_config.hidden_size * seq_len
 
 
 def train(config):
@@ -204,6 +253,7 @@ def train(config):
     layout.barrier()
     model = build_model(config).to(device)  # every rank builds the same model (seeded), then shards it
     parameters = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
+    model_config = model.config
     model = distributed.parallelize(
         model,
         layout,
@@ -241,7 +291,9 @@ def train(config):
             log(rank, f"starting from {config['init_from']} (its step {saved})")
             if config.get("continue_steps"):  # continued pretraining carries on the step count
                 step = saved
-    tokenizer = ByteTokenizer()
+        elif config.get("init_from_hf") and config.get("continue_steps"):
+            step = config.get("init_step", 0)  # a registered version's step (its tcc.json)
+    tokenizer = tokenizer_for(config)
     seq_len, micro_batch = config["seq_len"], config["micro_batch"]
     global_batch = parallel.get("global_batch", micro_batch * layout.dp)
     if global_batch % (micro_batch * layout.dp):
@@ -256,6 +308,15 @@ def train(config):
         text = "\n".join(r["text"] for r in read_rows(config["dataset"])) if config.get("dataset") else None
         tokens = tokenizer.encode(text or corpus(seed=config["data_seed"]))
         stream = batches(tokens, seq_len, global_batch, position, config["data_seed"])
+    folder = architecture_folder(config)
+
+    def keep_architecture(target):
+        """An HF-born model's checkpoints keep its config.json and tokenizer: what loads them later."""
+        if folder is not None:
+            for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+                if (folder / name).exists():
+                    shutil.copy(folder / name, target / name)
+
     precision = ("bf16" if mixed else "fp32") if use_gpu else "fp32"
     if config.get("precision") == "fp8" and rank == 0:
         # FP8 training needs torchao's float8 linear layers, which this runtime does not have.
@@ -304,7 +365,7 @@ def train(config):
             }
             if peak_tflops:
                 record["mfu"] = round(
-                    tokens_per_s * flops_per_token(config, parameters) / (peak_tflops * 1e12 * world), 4
+                    tokens_per_s * flops_per_token(model_config, seq_len, parameters) / (peak_tflops * 1e12 * world), 4
                 )
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
@@ -315,7 +376,9 @@ def train(config):
                 log(rank, f"step {step} loss {record['loss']:.4f} tokens/s {record['tokens_per_s']}")
         if step % config["checkpoint_every"] == 0 or step == config["steps"]:
             train_state = {"scheduler": scheduler.state_dict(), "position": position}
-            seconds = distributed.save(checkpoints, step, model, optimizer, train_state, layout)
+            seconds = distributed.save(
+                checkpoints, step, model, optimizer, train_state, layout, extra=keep_architecture
+            )
             event(out, rank, "checkpoint_saved", step=step, seconds=round(seconds, 4))
     peak = layout.max(distributed.peak_memory_mb())
     if rank == 0:
@@ -334,12 +397,17 @@ def train(config):
             "peak_memory_mb": round(peak, 1),
             "tokens_per_s": round(tokens_done / elapsed, 1) if elapsed else 0.0,
         }
-        (out / "result.json").write_text(json.dumps(result))
     layout.barrier()  # rank 0 once aborted at exit without it (see shared reference)
     if world > 1:
         import torch.distributed as dist
 
         dist.destroy_process_group()
+    if rank == 0:
+        # The run's model in Hugging Face format, what the registry stores and servers load, written
+        # before result.json: a run that has a result has its model.
+        if config.get("export_model", True):
+            export(config, checkpoints / f"step-{step}", out / "model", step=step, final_loss=result["final_loss"])
+        (out / "result.json").write_text(json.dumps(result))
 
 
 def event(out, rank, name, **values):
@@ -414,9 +482,10 @@ def train_rl(config):
     out = Path(config["output_dir"])
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     rows = read_rows(config["dataset"])
-    tokenizer = hf_tokenizer()
+    folder_tokenizer = tokenizer_for(config)
+    tokenizer = folder_tokenizer.hf if isinstance(folder_tokenizer, FolderTokenizer) else hf_tokenizer()
     model = build_model(config)
-    if config.get("init_from"):
+    if config.get("init_from") and not config.get("init_from_hf"):
         step = distributed.load_weights(config["init_from"], model)
         log(0, f"starting from {config['init_from']} (its step {step})")
     model.config.max_position_embeddings = max(model.config.max_position_embeddings, config["seq_len"] * 2)
@@ -497,14 +566,50 @@ def train_rl(config):
     distributed.save_weights(out / "checkpoints" / f"step-{config['steps']}", config["steps"], model)
     writer.close()
     metrics.close()
+    if config.get("export_model", True):
+        save_model(model, config, out / "model", step=config["steps"], final_loss=result.training_loss)
     (out / "result.json").write_text(json.dumps({"step": config["steps"], "final_loss": result.training_loss}))
+
+
+def export(config, checkpoint, folder, **about):
+    """A checkpoint of a run as a Hugging Face format folder (config.json, model.safetensors and the
+    tokenizer): what `init_from: "hf:<folder>"` reads, what the registry stores, and what transformers
+    and vLLM load. One process holds the whole model (in fp32): fine for the tiny profiles; a 70B
+    exports from its sharded checkpoint with `--export` on a node with the memory for it."""
+    from recipes import distributed
+
+    model = build_model(config)
+    step = distributed.load_weights(checkpoint, model)
+    return save_model(model, config, folder, **{"step": step, **about})
+
+
+def save_model(model, config, folder, **about):
+    """The model, its tokenizer and tcc.json (step, final loss, recipe: what a registered version's
+    lineage and continued pretraining read) into `folder`, which appears whole (written beside it)."""
+    folder = Path(folder)
+    staging = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging, safe_serialization=True)
+    tokenizer = tokenizer_for(config)
+    (tokenizer.hf if isinstance(tokenizer, FolderTokenizer) else hf_tokenizer()).save_pretrained(staging)
+    about = {"recipe": config.get("recipe"), "family": config.get("family"), "seq_len": config.get("seq_len"), **about}
+    (staging / "tcc.json").write_text(json.dumps(about))
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return folder
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", help="the run's resolved config (JSON)")
+    parser.add_argument(
+        "--export", nargs=2, metavar=("CHECKPOINT", "FOLDER"), help="write CHECKPOINT as a Hugging Face format FOLDER"
+    )
     args = parser.parse_args(argv)
     config = json.loads(Path(args.config).read_text())
+    if args.export:
+        export(config, *args.export)
+        return
     if config["kind"] == "rl":
         if int(os.environ.get("SLURM_PROCID", "0")) == 0:
             train_rl(config)

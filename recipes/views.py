@@ -10,7 +10,7 @@ from console.charts import line_chart
 from console.errors import ConsoleError, FieldErrors, page_message
 from console.htmx import render_fragment
 
-from . import services
+from . import registry, services
 from .catalog import recipes
 from .models import ModelVersion, Run
 
@@ -93,13 +93,11 @@ def run_context(run):
 def run_register(request, project, name, run_id):
     run = run_for(request, project, name, run_id, access.RUN)
     try:
-        version = services.register_model(run=run, name=request.POST.get("model_name", "").strip(), user=request.user)
+        version = registry.register_run(run, request.POST.get("model_name", "").strip(), user=request.user)
     except ConsoleError as exc:
         messages.error(request, page_message(exc))
     else:
-        messages.success(
-            request, f"Registered {version.name} v{version.version}; continued pretraining can start from it."
-        )
+        messages.success(request, f"Registered {version.ref}; continued pretraining, SFT and RL can start from it.")
     return redirect(run)
 
 

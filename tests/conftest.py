@@ -10,6 +10,7 @@ is the fast loop (no daemon, no broker).
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -198,6 +199,40 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.kill()
         self.log.close()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server():
+    """A real MLflow tracking server (scripts/mlflow.sh, as the console command starts it) on the test
+    settings' port, with its store under the tests' folder, emptied first."""
+    import urllib.request
+    from urllib.parse import urlparse
+
+    folder = Path(settings.MLFLOW_DIR)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    port = urlparse(settings.MLFLOW_TRACKING_URI).port
+    log = open(folder.parent / "mlflow.log", "w")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(["bash", "scripts/mlflow.sh", str(folder), str(port)], cwd=settings.BASE_DIR,
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+    def healthy():
+        if process.poll() is not None:
+            raise RuntimeError(f"mlflow server exited:\n{(folder.parent / 'mlflow.log').read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{settings.MLFLOW_TRACKING_URI}/health", timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    wait_until(healthy, timeout=120, interval=0.5, message="the MLflow server to answer")
+    yield settings.MLFLOW_TRACKING_URI
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+    log.close()
 
 
 @pytest.fixture(scope="module")

@@ -105,7 +105,9 @@ def test_the_catalog_has_llama_and_gemma_recipes_of_every_kind():
         ({"nodes": 3}, "nodes", "partition 'cpu' has 2 nodes"),
         ({"steps": -5}, "steps", "must be at least 1"),
         ({"partition": "gpu"}, "partition", "no partition 'gpu'"),
-        ({"recipe": "llama3.1-8b-cpt"}, "init_from", "a registered model (name:vN)"),
+        ({"recipe": "llama3.1-8b-cpt"}, "init_from", "a registered model (name:vN or name@alias)"),
+        ({"register_as": "Not A Name"}, "register_as", "must be lowercase letters"),
+        ({"register": "maybe"}, "register", "must be true or false"),
         ({"recipe": "llama3.1-8b-sft"}, "init_from", "fine-tuning starts from a run of this project"),
         ({"recipe": "llama3.1-8b-grpo", "nodes": 1}, "init_from", "RL starts from a run of this project"),
         ({"recipe": "llama3.1-8b-dpo", "nodes": 2}, "nodes", "trains in one process, on one node"),
@@ -127,13 +129,13 @@ def test_charlie_cannot_launch_on_ritas_cluster_nor_see_its_tensorboard(train_cl
     assert client.get("/clusters/rlab/train/tensorboard/data/runs").status_code == 404
 
 
-def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api, client, train_cluster):
+def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api, client, train_cluster, mlflow_server):
     response = launch(rita_api, steps=40)
     assert response.status_code == 201, response.content
     run = response.json()
     assert "#SBATCH --nodes=2" in run["script"] and "srun" in run["script"]
     done = finished(rita_api, run["id"])
-    assert done["status"] == "COMPLETED", done
+    assert done["status"] == "COMPLETED", Run.objects.get(uuid=run["id"]).log_tail
     rows = losses(done)
     assert rows[-1]["step"] == 40
     assert rows[-1]["loss"] < rows[0]["loss"] * 0.7  # it learns
@@ -170,13 +172,17 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     client.logout()
     assert client.get("/clusters/rlab/train/tensorboard/data/runs")["Location"].startswith("/accounts/login/")
 
-    # Register it; continued pretraining starts from that model version, at its step.
-    registered = rita_api.post(f"{RUNS}{run['id']}/register/", {"name": "llama-tiny"}, format="json")
+    # Register it (its exported model goes into the registry's store); continued pretraining starts
+    # from that model version, copied onto the cluster, at its step.
+    name = f"llama-tiny-{train_cluster.backend}"  # the session's MLflow server outlives the module
+    registered = rita_api.post(f"{RUNS}{run['id']}/register/", {"name": name}, format="json")
     assert registered.status_code == 201, registered.content
     assert registered.json()["version"] == 1 and registered.json()["step"] == 40
-    assert rita_api.get("/api/v1/projects/rlab/models/").json()[0]["name"] == "llama-tiny"
-    response = launch(rita_api, recipe="llama3.1-8b-cpt", steps=10, init_from="llama-tiny:v1")
+    assert registered.json()["artifact"].startswith("mlflow-artifacts:/")
+    assert rita_api.get("/api/v1/projects/rlab/models/").json()[0]["name"] == name
+    response = launch(rita_api, recipe="llama3.1-8b-cpt", steps=10, init_from=f"{name}:v1")
     assert response.status_code == 201, response.content
+    assert json.loads(read(response.json(), "config.json"))["init_from_hf"].endswith(f"models/rlab.{name}/v1")
     cpt = finished(rita_api, response.json()["id"])
     assert cpt["status"] == "COMPLETED", cpt
     cpt_rows = losses(cpt)
@@ -195,7 +201,9 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
 
     # SFT on the shipped instruction set from the registered version (loss on responses only): it starts
     # from trained weights, far below a random model's first loss, at step 1 of its own.
-    response = launch(rita_api, recipe="llama3.1-8b-sft", steps=15, init_from="llama-tiny:v1")
+    alias = rita_api.put(f"/api/v1/projects/rlab/models/{name}/aliases/production/", {"version": 1}, format="json")
+    assert alias.status_code == 200, alias.content
+    response = launch(rita_api, recipe="llama3.1-8b-sft", steps=15, init_from=f"{name}@production")
     assert response.status_code == 201, response.content
     sft = finished(rita_api, response.json()["id"])
     assert sft["status"] == "COMPLETED", sft
@@ -204,7 +212,7 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     assert sft_rows[0]["loss"] < rows[0]["loss"] * 0.7
 
     # RL: DPO with TRL on the shipped preference set; the policy learns to prefer the chosen answers.
-    response = launch(rita_api, recipe="llama3.1-8b-dpo", nodes=1, steps=12, init_from="llama-tiny:v1")
+    response = launch(rita_api, recipe="llama3.1-8b-dpo", nodes=1, steps=12, init_from=f"{name}:v1")
     assert response.status_code == 201, response.content
     dpo = finished(rita_api, response.json()["id"])
     assert dpo["status"] == "COMPLETED", dpo
@@ -213,7 +221,7 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     assert dpo_rows[-1]["reward_margin"] > 0
 
     # Online RL: GRPO samples answers and the recipe's verifiable reward scores them.
-    response = launch(rita_api, recipe="llama3.1-8b-grpo", nodes=1, steps=8, init_from="llama-tiny:v1")
+    response = launch(rita_api, recipe="llama3.1-8b-grpo", nodes=1, steps=8, init_from=f"{name}:v1")
     assert response.status_code == 201, response.content
     grpo = finished(rita_api, response.json()["id"])
     assert grpo["status"] == "COMPLETED", grpo
@@ -417,6 +425,49 @@ def test_a_job_sent_through_slurmrestd_runs_as_the_callers_account_and_other_pro
     assert own.returncode == 0 and own.stdout.split()[0].decode() == mine.name
 
 
+def test_the_launch_page_shows_the_layout_and_the_memory_estimate_before_submit(train_cluster, client):
+    client.force_login(train_cluster.project.members.get())
+    form = {"recipe": "gemma2-2b-pretrain", "profile": "tiny", "partition": "cpu", "nodes": "2", "steps": "5",
+            "init_from": "", "dataset": ""}  # fmt: skip
+    page = client.post("/clusters/rlab/train/runs/new/", form).content.decode()
+    assert "2 nodes x 2 ranks: 2 data-parallel (FSDP2) x 2 tensor-parallel" in page
+    assert "memory per GPU, estimated:" in page and "(no GPU: trains on CPU)" in page
+    assert "#SBATCH --ntasks-per-node=2" in page and "--gpus-per-node" not in page
+    assert not Run.objects.exists()  # a preview submits nothing
+    refused = client.post("/clusters/rlab/train/runs/new/", {**form, "nodes": "1", "dataset": "none.csv"})
+    assert refused.status_code == 400 and "a .jsonl or .parquet file" in refused.content.decode()
+
+
+def test_sft_starts_from_a_hugging_face_folder_in_the_shared_home(rita_api, train_cluster, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from clusters import services
+    from recipes.train import hf_tokenizer
+
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 260, "max_position_embeddings": 128}  # fmt: skip
+    LlamaForCausalLM(LlamaConfig(**shape)).save_pretrained(tmp_path)
+    hf_tokenizer().save_pretrained(tmp_path)
+    for path in tmp_path.iterdir():  # as a user would copy a folder onto the cluster's storage
+        services.write_file(train_cluster, f"models/tiny-llama/{path.name}", path.read_bytes(), mode=0o644)
+
+    for init_from, reason in (
+        ("hf:models/none", "there is no models/none/config.json"),
+        ("hf:runs", "there is no runs/config.json"),
+    ):
+        refused = launch(rita_api, recipe="llama3.1-8b-sft", init_from=init_from, steps=2)
+        assert refused.status_code == 400 and reason in refused.json()["init_from"][0]
+    response = launch(rita_api, recipe="llama3.1-8b-sft", init_from="hf:models/tiny-llama", steps=3)
+    assert response.status_code == 201, response.content
+    run = finished(rita_api, response.json()["id"])
+    assert run["status"] == "COMPLETED", Run.objects.get(uuid=run["id"]).log_tail
+    assert run["layout"]["tensor"] == 2 and run["layout"]["ranks"] == 4
+    config = json.loads(read(run, "config.json"))
+    assert config["model"]["hidden_size"] == 32 and config["init_from_hf"].endswith("/models/tiny-llama")
+    kept = json.loads(read(run, "checkpoints/step-3/config.json"))  # the folder's architecture, not the recipe's
+    assert (kept["hidden_size"], kept["num_hidden_layers"]) == (32, 2)
+
+
 def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(rita_api, train_cluster, client):
     """The module's last test: it deletes the module's cluster."""
     from clusters import processes
@@ -459,16 +510,3 @@ def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(ri
     still += [pid for pid, _ in processes.command_lines() if processes.environ(pid).get("SLURM_CONF") == conf]
     assert still == []
     assert not processes.job_processes(conf)
-
-
-def test_the_launch_page_shows_the_layout_and_the_memory_estimate_before_submit(train_cluster, client):
-    client.force_login(train_cluster.project.members.get())
-    form = {"recipe": "gemma2-2b-pretrain", "profile": "tiny", "partition": "cpu", "nodes": "2", "steps": "5",
-            "init_from": "", "dataset": ""}  # fmt: skip
-    page = client.post("/clusters/rlab/train/runs/new/", form).content.decode()
-    assert "2 nodes x 2 ranks: 2 data-parallel (FSDP2) x 2 tensor-parallel" in page
-    assert "memory per GPU, estimated:" in page and "(no GPU: trains on CPU)" in page
-    assert "#SBATCH --ntasks-per-node=2" in page and "--gpus-per-node" not in page
-    assert not Run.objects.exists()  # a preview submits nothing
-    refused = client.post("/clusters/rlab/train/runs/new/", {**form, "nodes": "1", "dataset": "none.csv"})
-    assert refused.status_code == 400 and "a .jsonl or .parquet file" in refused.content.decode()

@@ -142,3 +142,31 @@ def test_a_launch_that_cannot_fit_is_refused_with_the_numbers(alpha, alice, sett
     launch = runs.validate_launch(cluster, {**body, "nodes": 4})
     assert (launch["ranks_per_node"], launch["tensor"], launch["data"], launch["accumulation"]) == (8, 4, 8, 16)
     assert launch["estimate"]["fits"] and launch["estimate"]["total_gb"] == 79.9
+
+
+def test_a_hugging_face_folder_starts_a_run_exactly_as_the_checkpoint_it_was_exported_from(tmp_path):
+    pretrained = config(tmp_path / "pre", tensor=1, steps=20, checkpoint_every=20)
+    train(pretrained)
+    checkpoint, folder = pretrained / "checkpoints" / "step-20", tmp_path / "hub" / "tiny-llama"
+    # Every run exports its final model in this format by itself (what the registry stores), with its step.
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (pretrained / "model").iterdir()}
+    assert json.loads((pretrained / "model" / "tcc.json").read_text())["step"] == 20
+    command = [sys.executable, "-m", "recipes.train", str(pretrained / "config.json")]
+    exported = subprocess.run(
+        [*command, "--export", str(checkpoint), str(folder)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    dataset = str(ROOT / "recipes" / "data" / "instructions.jsonl")
+    runs = {}
+    for name, start in (
+        ("from-checkpoint", {"init_from": str(checkpoint)}),
+        ("from-folder", {"init_from_hf": str(folder)}),
+    ):
+        runs[name] = config(tmp_path / name, kind="sft", seq_len=96, steps=4, dataset=dataset, **start)
+        train(runs[name], ranks=4)
+    first = {name: losses(path)[0] for name, path in runs.items()}
+    assert abs(first["from-checkpoint"] - first["from-folder"]) < 1e-5, first  # the same weights, the same tokens
+    kept = runs["from-folder"] / "checkpoints" / "step-4"
+    assert json.loads((kept / "config.json").read_text())["model_type"] == "llama"  # it keeps its architecture
+    assert (kept / "tokenizer.json").exists()

@@ -6,6 +6,8 @@ agent.read("runs/7/metrics.jsonl", offset=0, limit=1 << 20) -> bytes
 agent.tail("runs/7/slurm-12.out", lines=40) -> str
 agent.list("runs/7", "slurm-*.out") -> [names]
 agent.write("runs/7/config.json", b"...", mode=0o640)
+agent.write("models/x/v1.partial/model.safetensors", b"...", offset=4 << 20)  # appends a part
+agent.move("models/x/v1.partial", "models/x/v1")
 agent.own("runs/7", "tcc-alice", "tcc-p-lab")     # the run's folder becomes the user's
 agent.prune("scans", older_than=1767225600)        # entries of the folder older than that go
 agent.account("tcc-alice-3", "tcc-p-lab-1")          # the user's account, in the group owning the home
@@ -78,8 +80,12 @@ class AgentClient:
     def stop_tensorboard(self):
         self.call("tensorboard", action="stop")
 
-    def write(self, path, data, mode=0o640):
-        return self.call("write", path=path, data=base64.b64encode(data).decode(), mode=mode)
+    def write(self, path, data, mode=0o640, offset=0):
+        body = {"path": path, "data": base64.b64encode(data).decode(), "mode": mode}
+        return self.call("write", **body, **({"offset": offset} if offset else {}))
+
+    def move(self, path, to):
+        return self.call("move", path=path, to=to)
 
     def own(self, path, user, group=None):
         return self.call("own", path=path, user=user, **({"group": group} if group else {}))

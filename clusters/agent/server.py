@@ -10,7 +10,10 @@ shared home and resolved inside it (no absolute paths, no `..`, no NUL, and no s
     read  {path, offset=0, limit=1 MiB}  -> {data (base64), offset, size}      whole lines not promised
     tail  {path, lines=40}               -> {text}                             the last lines (UTF-8, replaced)
     list  {path, pattern="*"}            -> {names}                            sorted, at most 1,000
-    write {path, data (base64), mode}    -> {size}                             atomic; parents made; 4 MiB at most
+    write {path, data (base64), mode, offset=0} -> {size}                      atomic; parents made; 4 MiB at most
+                                         (offset > 0: appends to a file of exactly that size, for a
+                                          larger file written in parts into a folder that is then moved)
+    move  {path, to}                     -> {moved}                            rename; refused if `to` exists
     own   {path, user, group?}           -> {owner, group}                     a run's folder becomes a user's
     prune {path, older_than}             -> {removed}                          entries of a folder older than a time
     account {user, group}                -> {user, group}                      a user's account in its project group
@@ -148,6 +151,13 @@ def op_write(home, body):
     if len(data) > MAX_WRITE:
         raise bad(f"data must be at most {MAX_WRITE} bytes")
     mode = number(body, "mode", 0o640, 0, 0o777)
+    offset = number(body, "offset", 0, 0, 1 << 50)
+    if offset:
+        if not os.path.isfile(real) or os.path.getsize(real) != offset:
+            raise Refused(HTTPStatus.CONFLICT, f"{body['path']} does not have {offset} bytes to append to")
+        with open(real, "ab") as handle:
+            handle.write(data)
+        return {"size": offset + len(data)}
     folder = os.path.dirname(real)
     os.makedirs(folder, exist_ok=True)
     home.resolve(os.path.relpath(folder, home.root) if folder != home.root else ".", must_exist=True)
@@ -162,6 +172,20 @@ def op_write(home, body):
             os.unlink(temporary)
         raise
     return {"size": len(data)}
+
+
+def op_move(home, body):
+    """Rename a file or folder below the home to a path below the home that does not exist yet (a
+    folder staged in parts appears whole, once)."""
+    real = home.resolve(body.get("path"))
+    target = home.resolve(body.get("to"), must_exist=False)
+    if home.root in (real, target):
+        raise bad("path and to must be below the cluster's home")
+    if os.path.lexists(target):
+        raise Refused(HTTPStatus.CONFLICT, f"{body['to']} already exists")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.rename(real, target)
+    return {"moved": True}
 
 
 def op_prune(home, body):
@@ -402,7 +426,8 @@ def op_tensorboard(home, body, tensorboard):
 
 
 OPERATIONS = {"stat": op_stat, "read": op_read, "tail": op_tail, "list": op_list, "write": op_write,
-              "own": op_own, "slurm": op_slurm, "account": op_account, "prune": op_prune}  # fmt: skip
+              "own": op_own, "slurm": op_slurm, "account": op_account, "prune": op_prune,
+              "move": op_move}  # fmt: skip
 
 
 def handler_for(home, key, tensorboard=None):

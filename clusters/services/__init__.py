@@ -11,6 +11,7 @@ members.py    a project's members and roles
 
 from . import members
 from .files import (
+    download_folder,
     file_exists,
     list_files,
     prune_files,
@@ -18,6 +19,7 @@ from .files import (
     stop_tensorboard,
     tail_file,
     tensorboard,
+    upload_folder,
     write_file,
 )
 from .live import job_filters, jobs_of, node_state_counts, nodes_of, sync_state
@@ -59,6 +61,7 @@ __all__ = [
     "create_cluster",
     "create_draft",
     "delete_cluster",
+    "download_folder",
     "drain",
     "dry_run",
     "fault_backend",
@@ -90,6 +93,7 @@ __all__ = [
     "tail_file",
     "tensorboard",
     "update_cluster",
+    "upload_folder",
     "validate_request",
     "write_file",
 ]

@@ -56,3 +56,52 @@ def write_file(cluster, path, data, mode=0o640):
 def prune_files(cluster, path, older_than):
     """Remove the folder's entries last changed before `older_than` (Unix time); how many went."""
     return agent_call(cluster, "prune", path, older_than)
+
+
+PART = 4 << 20  # the agent's largest read and write
+
+
+def download_folder(cluster, path, target):
+    """Copy the files of the cluster's folder `path` (not its subfolders) into the local folder
+    `target`, in parts; returns the bytes copied."""
+    target.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for name in list_files(cluster, path):
+        if agent_call(cluster, "stat", f"{path}/{name}")["is_dir"]:
+            continue
+        with (target / name).open("wb") as handle:
+            offset = 0
+            while chunk := read_file(cluster, f"{path}/{name}", offset=offset, limit=PART):
+                handle.write(chunk)
+                offset += len(chunk)
+        total += offset
+    return total
+
+
+def upload_folder(cluster, source, path, mode=0o644):
+    """Copy the local folder `source`'s files to the cluster's folder `path`, which appears whole or not
+    at all (written beside it, then moved); a folder already there is kept (the same content, staged by
+    someone else first). Returns whether this call put it there."""
+    import secrets
+
+    if file_exists(cluster, path):
+        return False
+    staging = f"{path}.partial-{secrets.token_hex(4)}"
+    for file in sorted(p for p in source.iterdir() if p.is_file()):
+        with file.open("rb") as handle:
+            offset = 0
+            while True:
+                chunk = handle.read(PART)
+                if not chunk and offset:
+                    break
+                agent_call(cluster, "write", f"{staging}/{file.name}", chunk, mode=mode, offset=offset)
+                offset += len(chunk)
+                if not chunk:
+                    break
+    try:
+        agent_call(cluster, "move", staging, path)
+    except Conflict:
+        if not file_exists(cluster, path):
+            raise
+        return False
+    return True

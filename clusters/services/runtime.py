@@ -14,7 +14,7 @@ from django.conf import settings
 
 from .reach import with_backend
 
-# What the nodes import (`python -m clusters.health.agent`, `python -m recipes.train`): standard
+# What the nodes import (`python -m clusters.health.agent`, `python -m recipes.train`, `recipes.serve`): standard
 # library, numpy and torch only; nothing here may import Django.
 FILES = [
     "clusters/__init__.py",
@@ -26,6 +26,7 @@ FILES = [
     "recipes/__init__.py",
     "recipes/train.py",
     "recipes/distributed.py",
+    "recipes/serve.py",
     "recipes/data/*.jsonl",
 ]
 DONE = ".installed"

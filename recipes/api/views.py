@@ -1,6 +1,7 @@
 """REST API for recipes and runs: list the catalog, launch a run with a JSON body, follow and cancel it,
 register its checkpoint. A ConsoleError a service raises is answered by /api/v1's one error handler."""
 
+from django.http import Http404
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -8,12 +9,19 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console import access
-from console.errors import ConsoleError
+from console.errors import ConsoleError, FieldErrors
 
-from .. import services
+from .. import endpoints, registry, services
 from ..catalog import recipes
-from ..models import ModelVersion, Run
-from .serializers import LaunchSerializer, ModelVersionSerializer, RunSerializer
+from ..models import Endpoint, EndpointStatus, ModelVersion, Run
+from .serializers import (
+    AliasSerializer,
+    EndpointRequestSerializer,
+    EndpointSerializer,
+    LaunchSerializer,
+    ModelVersionSerializer,
+    RunSerializer,
+)
 
 
 class RecipeList(APIView):
@@ -63,12 +71,125 @@ class RunRegister(APIView):
     def post(self, request, project, cluster, run):
         found = run_for(request, project, cluster, run, access.RUN)
         name = request.data.get("name", "") if isinstance(request.data, dict) else ""
-        version = services.register_model(run=found, name=name, user=request.user)
+        version = registry.register_run(found, name, user=request.user)
         return Response(ModelVersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
 class ModelVersionList(APIView):
     @extend_schema(responses=ModelVersionSerializer(many=True))
     def get(self, request, project):
-        versions = ModelVersion.objects.filter(project=access.project(request.user, project)).select_related("run")
+        versions = ModelVersion.objects.filter(project=access.project(request.user, project)).select_related("parent")
+        query = request.query_params.get("q", "").strip()
+        if query:
+            versions = versions.filter(name__icontains=query)
         return Response(ModelVersionSerializer(versions, many=True).data)
+
+
+def versions_of(request, project, name, permission=access.GET):
+    project = access.project(request.user, project, permission)
+    versions = ModelVersion.objects.filter(project=project, name=name).select_related("parent")
+    if not versions.exists():
+        raise Http404("No such model")
+    return project, versions
+
+
+class ModelDetail(APIView):
+    @extend_schema(responses={200: {"type": "object"}})
+    def get(self, request, project, name):
+        project, versions = versions_of(request, project, name)
+        return Response(
+            {
+                "name": name,
+                "aliases": registry.aliases(project, name),
+                "versions": ModelVersionSerializer(versions, many=True).data,
+            }
+        )
+
+
+class VersionDetail(APIView):
+    @extend_schema(responses=ModelVersionSerializer)
+    def get(self, request, project, name, version):
+        project, versions = versions_of(request, project, name)
+        found = get_object_or_404(versions, version=version)
+        body = ModelVersionSerializer(found).data
+        body["aliases"] = sorted(a for a, n in registry.aliases(project, name).items() if n == version)
+        body["metrics"] = registry.metric_history(found)
+        return Response(body)
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request, project, name, version):
+        _, versions = versions_of(request, project, name, access.RUN)
+        registry.delete_version(get_object_or_404(versions, version=version))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class Alias(APIView):
+    @extend_schema(request=AliasSerializer, responses=ModelVersionSerializer)
+    def put(self, request, project, name, alias):
+        project, _ = versions_of(request, project, name, access.RUN)
+        body = request.data if isinstance(request.data, dict) else {}
+        version = registry.set_alias(project, name, alias, body.get("version"), user=request.user)
+        return Response(ModelVersionSerializer(version).data)
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request, project, name, alias):
+        project, _ = versions_of(request, project, name, access.RUN)
+        registry.remove_alias(project, name, alias)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def endpoint_of(request, project, name, permission=access.GET):
+    project = access.project(request.user, project, permission)
+    return get_object_or_404(
+        Endpoint.objects.exclude(status=EndpointStatus.DELETED).select_related("cluster", "serving"),
+        project=project,
+        name=name,
+    )
+
+
+def body_of(request):
+    if not isinstance(request.data, dict):
+        raise ConsoleError("The body must be a JSON object.")
+    return dict(request.data)
+
+
+class EndpointList(APIView):
+    @extend_schema(responses=EndpointSerializer(many=True))
+    def get(self, request, project):
+        found = Endpoint.objects.filter(project=access.project(request.user, project))
+        return Response(EndpointSerializer(found.exclude(status=EndpointStatus.DELETED), many=True).data)
+
+    @extend_schema(request=EndpointRequestSerializer, responses={201: EndpointSerializer})
+    def post(self, request, project):
+        project = access.project(request.user, project, access.RUN)
+        endpoint = endpoints.create_endpoint(project, body_of(request), user=request.user)
+        return Response(EndpointSerializer(endpoint).data, status=status.HTTP_201_CREATED)
+
+
+class EndpointDetail(APIView):
+    @extend_schema(responses=EndpointSerializer)
+    def get(self, request, project, name):
+        return Response(EndpointSerializer(endpoint_of(request, project, name)).data)
+
+    @extend_schema(request=EndpointRequestSerializer, responses=EndpointSerializer)
+    def patch(self, request, project, name):
+        endpoint = endpoint_of(request, project, name, access.RUN)
+        changed = endpoints.change_endpoint(endpoint, body_of(request), user=request.user)
+        return Response(EndpointSerializer(changed).data)
+
+    @extend_schema(request=None, responses={202: EndpointSerializer})
+    def delete(self, request, project, name):
+        endpoint = endpoints.delete_endpoint(endpoint_of(request, project, name, access.RUN), user=request.user)
+        return Response(EndpointSerializer(endpoint).data, status=status.HTTP_202_ACCEPTED)
+
+
+class EndpointMetrics(APIView):
+    @extend_schema(responses={200: {"type": "object"}})
+    def get(self, request, project, name):
+        endpoint = endpoint_of(request, project, name)
+        try:
+            minutes = min(max(int(request.query_params.get("minutes", 15)), 1), 24 * 60)
+        except ValueError:
+            raise FieldErrors({"minutes": ["must be a whole number of minutes"]}) from None
+        events = [{"time": e.time.isoformat(), "message": e.message} for e in endpoint.events.all()[:100]]
+        return Response({"samples": endpoints.series(endpoint, minutes), "events": events})

@@ -1,0 +1,133 @@
+"""Inference endpoint pages: the endpoints of the user's projects, a create form, and an endpoint's page
+(replicas, live charts of the router's samples, timeline, how to call it, deploy/scale/delete)."""
+
+from django.conf import settings
+from django.contrib import messages
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from console import access
+from console.charts import line_chart
+from console.errors import ConsoleError, FieldErrors, page_message
+from console.htmx import render_fragment
+
+from . import endpoints
+from .models import Endpoint, EndpointStatus, ModelVersion
+
+FIELDS = ("project", "name", "cluster", "model", "version", "alias", "min_replicas", "max_replicas",
+          "target_in_flight")  # fmt: skip
+
+
+def endpoint_list(request):
+    projects = access.projects(request.user)
+    found = Endpoint.objects.filter(project__in=projects).exclude(status=EndpointStatus.DELETED)
+    found = found.select_related("project", "cluster", "serving")
+    return render(request, "recipes/endpoint_list.html", {"endpoints": found})
+
+
+def endpoint_new(request):
+    projects = list(access.projects(request.user, access.RUN))
+    form = {k: request.POST.get(k, "").strip() for k in FIELDS} if request.method == "POST" else {
+        "min_replicas": "1", "max_replicas": "2", "target_in_flight": "2"}  # fmt: skip
+    errors = {}
+    if request.method == "POST":
+        project = next((p for p in projects if p.slug == form["project"]), None)
+        if project is None:
+            errors = {"project": ["choose one of your projects where you may run work"]}
+        else:
+            try:
+                endpoint = endpoints.create_endpoint(project, form, user=request.user)
+            except FieldErrors as exc:
+                errors = exc.errors
+            except ConsoleError as exc:
+                errors = {"model": [exc.message]}
+            else:
+                messages.success(request, f"Endpoint {endpoint.name} is starting its replicas.")
+                return redirect(endpoint)
+    context = {
+        "form": form,
+        "errors": errors,
+        "projects": projects,
+        "models": ModelVersion.objects.filter(project__in=projects).values("project__slug", "name").distinct(),
+    }
+    return render(request, "recipes/endpoint_new.html", context, status=400 if errors else 200)
+
+
+def endpoint_for(request, project, name, permission=access.GET):
+    project = access.project(request.user, project, permission)
+    found = (
+        Endpoint.objects.filter(project=project, name=name).exclude(status=EndpointStatus.DELETED)
+        .select_related("project", "cluster", "serving").first()
+    )  # fmt: skip
+    if found is None:
+        raise Http404("No such endpoint")
+    return found
+
+
+def charts(endpoint):
+    rows = endpoints.series(endpoint, minutes=30)
+    if not rows:
+        return {}
+    from datetime import datetime
+
+    start = datetime.fromisoformat(rows[0]["time"])
+    for row in rows:
+        row["step"] = round((datetime.fromisoformat(row["time"]) - start).total_seconds())
+    picked = {"requests_per_s": "requests/s", "p50_ms": "p50 latency (ms)", "p95_ms": "p95 latency (ms)",
+              "errors": "errors", "replicas": "replicas"}  # fmt: skip
+    found = {}
+    for key, label in picked.items():
+        chart = line_chart([r for r in rows if r[key] is not None], key)
+        if chart:
+            found[key] = (label, chart)
+    return found
+
+
+def live_context(endpoint):
+    return {
+        "endpoint": endpoint,
+        "replicas": endpoint.replicas.exclude(state__in=["STOPPED", "FAILED"]).select_related("version"),
+        "ended_replicas": endpoint.replicas.filter(state__in=["STOPPED", "FAILED"]).order_by("-pk")[:10],
+        "charts": charts(endpoint),
+        "events": endpoint.events.all()[:30],
+    }
+
+
+def endpoint_detail(request, project, name):
+    endpoint = endpoint_for(request, project, name)
+    context = {
+        **live_context(endpoint),
+        "router": f"http://{settings.ROUTER_HOST}:{settings.ROUTER_PORT}/{endpoint.project.slug}/{endpoint.name}",
+        "can_change": access.can(request.user, endpoint.project, access.RUN),
+        "versions": ModelVersion.objects.filter(project=endpoint.project, name=endpoint.model_name),
+    }
+    return render(request, "recipes/endpoint_detail.html", context)
+
+
+def endpoint_live(request, project, name):
+    endpoint = endpoint_for(request, project, name)
+    return render_fragment(request, "recipes/partials/endpoint_live.html", live_context(endpoint),
+                           done=endpoint.status == EndpointStatus.DELETING and not endpoint.replicas.filter(
+                               state__in=["STARTING", "READY", "DRAINING"]).exists())  # fmt: skip
+
+
+@require_POST
+def endpoint_change(request, project, name):
+    endpoint = endpoint_for(request, project, name, access.RUN)
+    data = {k: request.POST.get(k, "").strip() for k in FIELDS if request.POST.get(k, "").strip()}
+    try:
+        endpoints.change_endpoint(endpoint, data, user=request.user)
+    except ConsoleError as exc:
+        messages.error(request, page_message(exc))
+    else:
+        messages.success(request, f"Deploying {endpoint.target}; new replicas start before the old ones drain.")
+    return redirect(endpoint)
+
+
+@require_POST
+def endpoint_delete(request, project, name):
+    endpoint = endpoint_for(request, project, name, access.RUN)
+    endpoints.delete_endpoint(endpoint, user=request.user)
+    messages.success(request, f"Deleting {endpoint.name}: its replicas stop.")
+    return redirect("endpoint-list")

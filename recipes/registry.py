@@ -1,0 +1,428 @@
+"""The model registry: MLflow's tracking server and model registry, behind the console.
+
+MLflow holds the truth: each project's runs in an experiment "<MLFLOW_EXPERIMENT_PREFIX><project>"
+(params when the run is first seen, metrics as the Slurm sync stores them), registered models named
+"<project slug>.<name>", their versions (artifact: the run's exported Hugging Face format folder,
+copied into MLflow's artifact store, so it outlives its cluster), aliases and tags. A ModelVersion row
+is the console's index of a version: the project that may see it and its lineage as names.
+
+MLflow binds to 127.0.0.1 and has no users of its own: the console is its only client and enforces the
+project prefix on every name. A silent server is `RegistryUnavailable` (503; tasks retry it), a
+refusal a ConsoleError with MLflow's reason.
+
+    track(run)                          params once, then the metric lines not logged yet
+    register_run(run, name, user)       the run's model as the next version of name
+    resolve(project, "name:v3" | "name@production")  -> ModelVersion (404-style FieldErrors otherwise)
+    stage(version, cluster)             the version's folder on the cluster (copied once), for init_from
+    set_alias / remove_alias / aliases / delete_version / metric_history
+"""
+
+import contextlib
+import json
+import re
+import tempfile
+from pathlib import Path
+
+from celery import shared_task
+from django.conf import settings
+from django.db import transaction
+
+from clusters import services as clusters
+from clusters.choices import EventLevel
+from clusters.events import record_event
+from clusters.spec.validator import RESOURCE_ID
+from console.errors import Conflict, ConsoleError, FieldErrors, Unavailable
+
+from .catalog import get_recipe
+from .models import ModelVersion, Run, RunStatus
+
+ALIAS = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+REF = re.compile(r"^(?P<name>[a-z][a-z0-9-]*)(?::v(?P<version>\d+)|@(?P<alias>[a-z][a-z0-9_-]*))$")
+PARAMS = ("recipe", "family", "kind", "profile", "steps", "seq_len", "micro_batch", "lr", "precision", "seed")
+METRICS_PER_CALL = 900  # MLflow's log_batch takes at most 1,000 metrics
+
+
+class RegistryUnavailable(Unavailable):
+    """The registry (MLflow) is not answering; a retry may help."""
+
+
+def client():
+    import os
+
+    from mlflow import MlflowClient
+
+    # One try per call, bounded: a silent server is reported, not waited on for minutes.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(settings.MLFLOW_TIMEOUT))
+    return MlflowClient(tracking_uri=settings.MLFLOW_TRACKING_URI, registry_uri=settings.MLFLOW_TRACKING_URI)
+
+
+@contextlib.contextmanager
+def answering(what):
+    """MLflow's failures as the console's: unreachable -> RegistryUnavailable, a refusal -> ConsoleError."""
+    from mlflow.exceptions import MlflowException, RestException
+
+    try:
+        yield
+    except RestException as exc:
+        if exc.get_http_status_code() >= 500:
+            raise RegistryUnavailable(f"the model registry failed to {what}: {exc.message}") from None
+        raise ConsoleError(f"the model registry refused to {what}: {exc.message}") from None
+    except MlflowException as exc:
+        # The client's own errors: connection refused, retries exhausted, a timeout.
+        raise RegistryUnavailable(f"the model registry is not answering ({what}): {exc.message[:200]}") from None
+    except OSError as exc:
+        raise RegistryUnavailable(f"the model registry is not answering ({what}): {exc}") from None
+
+
+def mlflow_name(project, name):
+    return f"{project.slug}.{name}"
+
+
+def experiment_id(mlflow, project):
+    name = f"{settings.MLFLOW_EXPERIMENT_PREFIX}{project.slug}"
+    found = mlflow.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return mlflow.create_experiment(name, tags={"tcc.project": project.slug})
+    except MlflowException:  # made at the same moment by another worker
+        return mlflow.get_experiment_by_name(name).experiment_id
+
+
+def mlflow_run(mlflow, run):
+    """The run's MLflow run id, made (with the run's params) the first time; compare-and-set, so two
+    workers tracking the same run at once end with one (the loser's is deleted)."""
+    if run.mlflow_run_id:
+        return run.mlflow_run_id
+    config = run.config or {}
+    created = mlflow.create_run(
+        experiment_id(mlflow, run.cluster.project),
+        run_name=f"{run.recipe_id}-{str(run.uuid)[:8]}",
+        tags={"tcc.run": str(run.uuid), "tcc.cluster": run.cluster.name, "tcc.recipe": run.recipe_id},
+    )
+    run_id = created.info.run_id
+    from mlflow.entities import Param
+
+    params = [Param(key, str(config[key])) for key in PARAMS if key in config]
+    parallel = config.get("parallel") or {}
+    params += [Param(f"parallel.{k}", str(v)) for k, v in parallel.items()]
+    params += [Param("nodes", str(run.nodes)), Param("partition", run.partition), Param("cluster", run.cluster.name)]
+    if config.get("init_from") or config.get("init_from_hf"):
+        params.append(Param("init_from", str(config.get("init_from_ref") or "checkpoint")))
+    mlflow.log_batch(run_id, params=params)
+    if Run.objects.filter(pk=run.pk, mlflow_run_id="").update(mlflow_run_id=run_id):
+        run.mlflow_run_id = run_id
+        return run_id
+    mlflow.delete_run(run_id)
+    run.refresh_from_db(fields=["mlflow_run_id"])
+    return run.mlflow_run_id
+
+
+def track(run):
+    """Log to MLflow what the sync stored since the last call: the run's metric lines (each numeric
+    value a metric at its step) and, once the run has ended, its end. Returns the lines logged."""
+    from mlflow.entities import Metric
+
+    with answering("record the run"):
+        mlflow = client()
+        run_id = mlflow_run(mlflow, run)
+        logged = run.mlflow_logged
+        rows = list(run.metric_rows.filter(line__gte=logged).order_by("line").values_list("line", "step", "values"))
+        metrics = []
+        for _, step, values in rows:
+            stamp = int(float(values.get("time", 0)) * 1000)
+            metrics += [
+                Metric(key, float(value), stamp, step)
+                for key, value in values.items()
+                if key not in ("step", "time") and isinstance(value, int | float) and not isinstance(value, bool)
+            ]
+        for start in range(0, len(metrics), METRICS_PER_CALL):
+            mlflow.log_batch(run_id, metrics=metrics[start : start + METRICS_PER_CALL])
+        if rows:
+            Run.objects.filter(pk=run.pk, mlflow_logged=logged).update(mlflow_logged=rows[-1][0] + 1)
+        if run.is_done:
+            status = {RunStatus.COMPLETED: "FINISHED", RunStatus.FAILED: "FAILED"}.get(run.status, "KILLED")
+            mlflow.set_terminated(run_id, status=status)
+    return len(rows)
+
+
+def check_name(name):
+    if not isinstance(name, str) or not RESOURCE_ID.match(name):
+        raise FieldErrors({"name": ["must be lowercase letters, digits and hyphens, starting with a letter"]})
+
+
+def register_run(run, name, *, user=None, automatic=False):
+    """The run's exported model (the `model/` folder every completed run writes) copied from the
+    cluster into the registry as the next version of `name` in the run's project."""
+    check_name(name)
+    if run.status != RunStatus.COMPLETED:
+        raise Conflict("Only a completed run can be registered")
+    folder = run.in_home("model")
+    try:
+        exported = clusters.file_exists(run.cluster, f"{folder}/config.json")
+    except ConsoleError as exc:
+        raise Conflict(f"The run's model cannot be read: {exc.message}") from None
+    if not exported:
+        raise ConsoleError("The run left no exported model (a run writes model/ when it completes)")
+    project = run.cluster.project
+    with tempfile.TemporaryDirectory(prefix="tcc-register-") as temporary:
+        local = Path(temporary) / "model"
+        size = clusters.download_folder(run.cluster, folder, local)
+        about = json.loads((local / "tcc.json").read_text()) if (local / "tcc.json").exists() else {}
+        with answering("store the model"):
+            mlflow = client()
+            run_id = mlflow_run(mlflow, run)
+            mlflow.log_artifacts(run_id, str(local), "model")
+            source = f"{mlflow.get_run(run_id).info.artifact_uri}/model"
+        version = publish(
+            project,
+            name,
+            source,
+            run_id=run_id,
+            family=get_recipe(run.recipe_id)["family"],
+            step=int(about.get("step") or run.steps),
+            final_loss=about.get("final_loss"),
+            size=size,
+            lineage={"run": run, "parent": run.init_version},
+            user=user,
+            automatic=automatic,
+        )
+    record_event(
+        run.cluster,
+        f"Registered {name} v{version.version} from run {run.recipe_id} (step {version.step})"
+        + (" by itself on completion" if automatic else ""),
+    )
+    return version
+
+
+def publish(project, name, source, *, run_id, family, step, final_loss=None, size=0, lineage=None, user=None,
+            automatic=False):  # fmt: skip
+    """A new version of `name` in MLflow (the model made on first use) from artifacts at `source`, and
+    its ModelVersion row; MLflow numbers versions, so two at once get two numbers."""
+    from mlflow.exceptions import MlflowException
+
+    check_name(name)
+    lineage = lineage or {}
+    run, parent = lineage.get("run"), lineage.get("parent")
+    tags = {"tcc.project": project.slug, "tcc.family": family, "tcc.step": str(step)}
+    if run is not None:
+        tags.update({"tcc.run": str(run.uuid), "tcc.cluster": run.cluster.name, "tcc.recipe": run.recipe_id})
+    if parent is not None:
+        tags["tcc.parent"] = parent.ref
+    full = mlflow_name(project, name)
+    with answering("register the version"):
+        mlflow = client()
+        try:
+            mlflow.create_registered_model(full, tags={"tcc.project": project.slug, "tcc.family": family})
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        existing = ModelVersion.objects.filter(project=project, name=name).exclude(family=family).first()
+        if existing is not None:
+            raise Conflict(f"{name} holds {existing.family} models; this one is {family}")
+        made = mlflow.create_model_version(full, source, run_id=run_id or None, tags=tags)
+    return ModelVersion.objects.create(
+        project=project,
+        name=name,
+        version=int(made.version),
+        run=run,
+        run_uuid=run.uuid if run else None,
+        cluster_name=run.cluster.name if run else "",
+        recipe_id=run.recipe_id if run else "",
+        parent=parent,
+        family=family,
+        checkpoint=source,
+        step=step,
+        final_loss=final_loss,
+        mlflow_run_id=run_id or "",
+        size=size,
+        automatic=automatic,
+        created_by=user,
+    )
+
+
+def resolve(project, ref):
+    """The project's ModelVersion that "name:vN" or "name@alias" names, else FieldErrors on init_from."""
+    match = REF.match(ref or "")
+    if match is None:
+        raise FieldErrors({"init_from": ["a registered model is name:vN or name@alias"]})
+    name = match["name"]
+    number = int(match["version"]) if match["version"] else None
+    if match["alias"]:
+        from mlflow.exceptions import MlflowException
+
+        with answering("read the alias"):
+            try:
+                number = int(client().get_model_version_by_alias(mlflow_name(project, name), match["alias"]).version)
+            except MlflowException as exc:
+                if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+                    raise
+    version = ModelVersion.objects.filter(project=project, name=name, version=number).first() if number else None
+    if version is None:
+        raise FieldErrors({"init_from": [f"this project has no registered model version {ref}"]})
+    return version
+
+
+def stage(version, cluster):
+    """The version's Hugging Face format folder in the cluster's shared home ("models/<name>/v<N>"),
+    copied there from the registry the first time (a folder half copied is never seen)."""
+    path = f"models/{mlflow_name(version.project, version.name)}/v{version.version}"
+    if clusters.file_exists(cluster, f"{path}/config.json"):
+        return path
+    with tempfile.TemporaryDirectory(prefix="tcc-stage-") as temporary:
+        with answering("hand out the model's files"):
+            local = Path(client().download_artifacts(version.mlflow_run_id, "model", temporary)) if (
+                version.mlflow_run_id
+            ) else Path(download_source(version.checkpoint, temporary))  # fmt: skip
+        if not (local / "config.json").exists():
+            raise Conflict(f"{version.ref}'s artifact in the registry has no config.json")
+        clusters.upload_folder(cluster, local, path)
+    return path
+
+
+def download_source(source, target):
+    import mlflow.artifacts
+
+    return mlflow.artifacts.download_artifacts(
+        artifact_uri=source, dst_path=target, tracking_uri=settings.MLFLOW_TRACKING_URI
+    )
+
+
+def aliases(project, name):
+    """{alias: version number} of the project's model `name` ({} when MLflow has no such model)."""
+    from mlflow.exceptions import MlflowException
+
+    with answering("read the aliases"):
+        try:
+            found = client().get_registered_model(mlflow_name(project, name))
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return {}
+            raise
+    return {alias: int(number) for alias, number in found.aliases.items()}
+
+
+def all_aliases(project):
+    """{name: {alias: version}} for every model of the project, in one call."""
+    prefix = f"{project.slug}."
+    found = {}
+    with answering("read the aliases"):
+        page = client().search_registered_models(filter_string=f"name LIKE '{prefix}%'", max_results=1000)
+    for model in page:
+        if model.name.startswith(prefix):
+            found[model.name[len(prefix) :]] = {a: int(v) for a, v in model.aliases.items()}
+    return found
+
+
+def check_alias(alias):
+    if not isinstance(alias, str) or not ALIAS.match(alias) or alias.lower() == "latest":
+        raise FieldErrors({"alias": ["an alias is lowercase letters, digits, '-' and '_', starting with a letter "
+                                     "('latest' is MLflow's own)"]})  # fmt: skip
+
+
+def set_alias(project, name, alias, number, *, user=None):
+    """Point `alias` of the model at its version `number` (moved in one MLflow call: never two versions)."""
+    check_alias(alias)
+    try:
+        number = int(number)
+    except (TypeError, ValueError):
+        raise FieldErrors({"version": ["must be a version number of this model"]}) from None
+    version = ModelVersion.objects.filter(project=project, name=name, version=number).first()
+    if version is None:
+        raise FieldErrors({"version": [f"{name} has no version {number}"]})
+    with answering("set the alias"):
+        client().set_registered_model_alias(mlflow_name(project, name), alias, str(number))
+    return version
+
+
+def remove_alias(project, name, alias):
+    check_alias(alias)
+    if alias not in aliases(project, name):
+        raise FieldErrors({"alias": [f"{name} has no alias {alias}"]})
+    with answering("remove the alias"):
+        client().delete_registered_model_alias(mlflow_name(project, name), alias)
+
+
+def serving(version):
+    """The live endpoints that serve `version`: pinned to it, or with a replica of it still running."""
+    from .models import Endpoint, EndpointStatus, ReplicaState
+
+    live = Endpoint.objects.filter(status__in=EndpointStatus.live(), project=version.project)
+    pinned = live.filter(model_name=version.name, version=version.version)
+    replicas = live.filter(replicas__version=version, replicas__state__in=ReplicaState.running())
+    return sorted({endpoint.name for endpoint in [*pinned, *replicas]})
+
+
+def delete_version(version):
+    """Delete the version from the registry and the console (its artifacts go with it in MLflow);
+    refused while an endpoint serves it."""
+    from mlflow.exceptions import MlflowException
+
+    endpoints = serving(version)
+    if endpoints:
+        raise Conflict(
+            f"{version.ref} is served by endpoint {', '.join(endpoints)}: deploy another version there "
+            "(or move its alias) or delete the endpoint first"
+        )
+    holding = [a for a, n in aliases(version.project, version.name).items() if n == version.version]
+    with answering("delete the version"):
+        try:
+            client().delete_model_version(mlflow_name(version.project, version.name), str(version.version))
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+    version.delete()
+    return holding
+
+
+def metric_history(version, keys=("loss",)):
+    """{key: [(step, value)...]} of the version's training run, from MLflow (the run may be gone)."""
+    if not version.mlflow_run_id:
+        return {}
+    mlflow = client()
+    found = {}
+    with answering("read the metrics"):
+        for key in keys:
+            found[key] = [(m.step, m.value) for m in mlflow.get_metric_history(version.mlflow_run_id, key)]
+    return found
+
+
+def run_params(version):
+    if not version.mlflow_run_id:
+        return {}
+    with answering("read the run"):
+        return dict(sorted(client().get_run(version.mlflow_run_id).data.params.items()))
+
+
+def after_sync(run, stored, ended):
+    """The recipes sync hook's call: track the run in MLflow (and register it when it completed), in a
+    task once the sync's transaction commits, so that a slow or silent registry never holds the sync."""
+    if stored or ended:
+        transaction.on_commit(lambda: track_run.delay(run.pk))
+
+
+@shared_task(
+    soft_time_limit=600, autoretry_for=(RegistryUnavailable,), retry_backoff=5, retry_kwargs={"max_retries": 8}
+)
+def track_run(run_id):
+    """Log a run's new metrics to MLflow; a completed run whose recipe registers by itself becomes the
+    next version of its model (once: compare-and-set on auto_registered)."""
+    run = Run.objects.filter(pk=run_id).select_related("cluster__project").first()
+    if run is None:
+        return
+    track(run)
+    name = (run.config or {}).get("register_as")
+    if run.status != RunStatus.COMPLETED or not name:
+        return
+    if not Run.objects.filter(pk=run.pk, auto_registered=False).update(auto_registered=True):
+        return  # registered already (or being registered by another worker)
+    try:
+        register_run(run, name, user=run.created_by, automatic=True)
+    except RegistryUnavailable:
+        Run.objects.filter(pk=run.pk).update(auto_registered=False)  # the retry registers it
+        raise
+    except ConsoleError as exc:
+        record_event(run.cluster, f"Run {run.recipe_id} was not registered: {exc.message}", level=EventLevel.WARNING)

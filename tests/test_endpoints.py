@@ -1,0 +1,270 @@
+"""Inference endpoints on real parts: a real MLflow server holds the versions, replicas are Slurm jobs
+on a real local cluster serving a tiny model (recipes/serve.py), a real router process
+(`manage.py router`) sits in front, and a real Celery worker with beat reconciles and autoscales.
+
+alice runs project "alpha"; charlie is an outsider. Timings are the tests' (reconcile every 1 s,
+samples every 1 s, scale after 4 s, idle after 8 s, drain after 4 s).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from django.conf import settings
+
+from recipes import registry
+from recipes.models import Endpoint, EndpointStatus, Replica, ReplicaState
+
+from .conftest import Worker, api_client_for, example_spec, purge_queue, stop_local_clusters, wait_until
+from .test_registry import a_version, fresh
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {
+    "SLURM_SYNC_SECONDS": 2,
+    "ENDPOINT_RECONCILE_SECONDS": 1,
+    "ENDPOINT_SCALE_WINDOW_SECONDS": 4,
+    "ENDPOINT_SCALE_COOLDOWN_SECONDS": 4,
+    "ENDPOINT_SCALE_DOWN_IDLE_SECONDS": 8,
+    "ENDPOINT_DRAIN_SECONDS": 4,
+    "ROUTER_SAMPLE_SECONDS": 1,
+    "ROUTER_REFRESH_SECONDS": 0.3,
+}
+
+
+@pytest.fixture(scope="module")
+def serving_worker(redis_broker, tmp_path_factory):
+    purge_queue(redis_broker)
+    worker = Worker(tmp_path_factory.mktemp("worker") / "worker.log", beat=True, **FAST)
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory):
+    """The router process on the test settings and database, as `manage.py router` runs it."""
+    log = tmp_path_factory.mktemp("router") / "router.log"
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings_test", "CONSOLE_WORKER_USES_TEST_DB": "1",
+           **{k: str(v) for k, v in FAST.items()}}  # fmt: skip
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "manage.py", "router"], cwd=settings.BASE_DIR, env=env,
+                                   stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    base = f"http://127.0.0.1:{settings.ROUTER_PORT}"
+
+    def up():
+        assert process.poll() is None, log.read_text()
+        try:
+            urllib.request.urlopen(f"{base}/none/none/v1/models", timeout=1)
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            return False
+        return True
+
+    wait_until(up, timeout=60, message="the router to listen")
+    yield base, log
+    process.terminate()
+    process.wait(timeout=20)
+
+
+def call(base, path, body=None, token=None, raw=None):
+    """(status, JSON answer) of one request through the router."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(f"{base}{path}", data=data, method="POST" if data is not None else "GET")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+class Client(threading.Thread):
+    """Sends completions one after another until stopped, keeping every answer's status and version."""
+
+    def __init__(self, base, token):
+        super().__init__(daemon=True)
+        self.base, self.token, self.answers, self.running = base, token, [], True
+
+    def run(self):
+        while self.running:
+            try:
+                status, body = call(self.base, "/alpha/chat/v1/completions", {"prompt": "hi", "max_tokens": 4},
+                                    self.token)  # fmt: skip
+            except OSError as exc:
+                status, body = 599, {"error": str(exc)}
+            self.answers.append((status, body.get("system_fingerprint")))
+
+    def stop(self):
+        self.running = False
+        self.join(timeout=90)
+        return self.answers
+
+
+def events(endpoint):
+    return [e.message for e in Endpoint.objects.get(pk=endpoint.pk).events.all()]
+
+
+def test_an_endpoint_serves_an_alias_rolls_when_it_moves_and_scales_with_load(
+    serving_worker, router, slurm, mlflow_server, alpha, alice, alice_api, charlie, charlies_project, client, tmp_path
+):
+    from clusters.choices import OperationStatus
+    from clusters.models import Operation
+
+    created = alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "serve", "spec": example_spec(cpu=2)},
+                             format="json")  # fmt: skip
+    assert created.status_code == 202, created.content
+    router, router_log = router
+    try:
+        made = Operation.objects.filter(uuid=created.json()["id"], status__in=OperationStatus.done())
+        operation = wait_until(made.first, timeout=180, message="the cluster")
+        assert operation.status == OperationStatus.SUCCEEDED, operation.error
+        name = fresh()
+        v1 = a_version(alpha, name, tmp_path)
+        a_version(alpha, name, tmp_path, losses=(1.4, 1.2))
+        registry.set_alias(alpha, name, "production", 1)
+        from console.models import APIToken
+
+        _, token = APIToken.issue(alice, "serving")
+        _, outsider = APIToken.issue(charlie, "outsider")
+
+        response = alice_api.post("/api/v1/projects/alpha/endpoints/", {"name": "chat", "cluster": "serve",
+                                  "model": name, "alias": "production", "min_replicas": 1, "max_replicas": 2,
+                                  "target_in_flight": 1}, format="json")  # fmt: skip
+        assert response.status_code == 201, response.content
+        endpoint = Endpoint.objects.get(name="chat")
+        wait_until(lambda: Endpoint.objects.get(pk=endpoint.pk).status == EndpointStatus.READY, timeout=180,
+                   interval=1, message="the endpoint to serve")  # fmt: skip
+
+        # Both protocols answer from v1 (once the router's table, read every 0.3 s here, has the replica).
+        first = {"prompt": "hello", "max_tokens": 5}
+        wait_until(lambda: call(router, "/alpha/chat/v1/completions", first, token)[0] != 503, timeout=10,
+                   message=f"the router to route: {router_log.read_text()[-2000:]}")  # fmt: skip
+        status, body = call(router, "/alpha/chat/v1/completions", first, token)
+        assert status == 200 and body["system_fingerprint"] == f"{name}:v1" and body["object"] == "text_completion"
+        status, body = call(router, "/alpha/chat/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "hi"}]}, token)  # fmt: skip
+        assert status == 200 and body["choices"][0]["message"]["role"] == "assistant"
+        status, body = call(router, "/alpha/chat:predict", {"instances": ["a", {"prompt": "b", "max_tokens": 3}]},
+                            token)  # fmt: skip
+        assert status == 200 and len(body["predictions"]) == 2 and body["deployedModelId"] == f"{name}:v1"
+        status, body = call(router, "/alpha/chat/v1/models", token=token)
+        assert status == 200 and body["data"][0]["id"] == "chat"
+        # Bad input: clear 400s in each protocol's shape; outsiders and strangers get 404.
+        status, body = call(router, "/alpha/chat:predict", raw=b"not json", token=token)
+        assert status == 400 and "must be JSON" in body["error"]["message"] and body["error"]["code"] == 400
+        status, body = call(router, "/alpha/chat/v1/completions", {"prompt": "x" * 300}, token)
+        assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+        assert call(router, "/alpha/chat:predict", {"instances": ["a"]}, outsider)[0] == 404
+        assert call(router, "/alpha/chat:predict", {"instances": ["a"]})[0] == 404
+        charlie_api = api_client_for(charlie)
+        assert charlie_api.get("/api/v1/projects/alpha/endpoints/chat/").status_code == 404
+        # A version an endpoint serves cannot be deleted.
+        refused = alice_api.delete(f"/api/v1/projects/alpha/models/{name}/versions/1/")
+        assert refused.status_code == 409 and "served by endpoint chat" in refused.json()["detail"]
+
+        # Moving the alias rolls the endpoint while a client keeps calling: no request fails.
+        caller = Client(router, token)
+        caller.start()
+        time.sleep(2)
+        assert alice_api.put(f"/api/v1/projects/alpha/models/{name}/aliases/production/", {"version": 2},
+                             format="json").status_code == 200  # fmt: skip
+        wait_until(lambda: not Replica.objects.filter(endpoint=endpoint, version=v1,
+                   state__in=ReplicaState.running()).exists(), timeout=180, interval=1,
+                   message="the v1 replica to stop")  # fmt: skip
+        time.sleep(2)
+        answers = caller.stop()
+        assert answers and all(status == 200 for status, _ in answers), [a for a in answers if a[0] != 200][:5]
+        assert answers[0][1] == f"{name}:v1" and answers[-1][1] == f"{name}:v2"
+        assert any(m.startswith(f"Rolling to {name}:v2") for m in events(endpoint))
+
+        # Load over the target scales up to max; idle scales back down to min.
+        load = [Client(router, token) for _ in range(6)]
+        for caller in load:
+            caller.start()
+        wait_until(lambda: Replica.objects.filter(endpoint=endpoint, state=ReplicaState.READY).count() == 2,
+                   timeout=180, interval=1, message="a second replica")  # fmt: skip
+        answers = [a for caller in load for a in caller.stop()]
+        assert all(status == 200 for status, _ in answers)
+        assert any(m.startswith("Scaled up to 2 replicas") for m in events(endpoint))
+        wait_until(lambda: any(m.startswith("Scaled down to 1 replica") for m in events(endpoint)), timeout=90,
+                   interval=1, message="the idle endpoint to scale down")  # fmt: skip
+
+        # The page charts the router's samples; the same series over REST.
+        metrics = alice_api.get("/api/v1/projects/alpha/endpoints/chat/metrics/").json()
+        assert sum(s["requests_per_s"] for s in metrics["samples"]) > 0
+        assert max(s["replicas"] for s in metrics["samples"]) == 2
+        client.force_login(alice)
+        page = client.get("/endpoints/alpha/chat/").content.decode()
+        assert 'id="requests_per_s"' in page and 'id="p95_ms"' in page and 'id="replicas"' in page
+
+        deleted = alice_api.delete("/api/v1/projects/alpha/endpoints/chat/")
+        assert deleted.status_code == 202
+        wait_until(lambda: Endpoint.objects.get(pk=endpoint.pk).status == EndpointStatus.DELETED, timeout=60,
+                   message="the endpoint to stop")  # fmt: skip
+        assert not Replica.objects.filter(endpoint=endpoint, state__in=ReplicaState.running()).exists()
+    finally:
+        stop_local_clusters()
+
+
+@pytest.fixture
+def deployable(alpha, alice_api, mlflow_server, tmp_path):
+    """alpha with a provisioned cluster "demo" (nothing runs) and a model with one version."""
+    from .conftest import provisioned
+
+    assert alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "demo", "spec": example_spec(cpu=1)},
+                          format="json").status_code == 202  # fmt: skip
+    provisioned(name="demo")
+    name = fresh()
+    a_version(alpha, name, tmp_path)
+    return name
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("change", "field", "reason"),
+    [
+        ({"min_replicas": 3, "max_replicas": 2}, "min_replicas", "min_replicas (3) is more than max_replicas (2)"),
+        ({"max_replicas": 99}, "max_replicas", "must be from 1 to 16"),
+        ({"model": "nothing"}, "model", "no registered model by that name"),
+        ({"version": 7}, "version", "has no version 7"),
+        ({"version": 1, "alias": "production"}, "version", "not both"),
+        ({"alias": "canary"}, "alias", "has no alias canary"),
+        ({"cluster": "elsewhere"}, "cluster", "no such cluster"),
+        ({"name": "Chat Bot"}, "name", "lowercase letters"),
+        ({"target_in_flight": 0}, "target_in_flight", "from 0.1 to 1000"),
+    ],
+)
+def test_a_bad_endpoint_gets_a_400_naming_the_field_and_nothing_is_made(alice_api, deployable, change, field, reason):
+    body = {"name": "chat", "cluster": "demo", "model": deployable, "version": 1, **change}
+    if "alias" in change and "version" not in change:
+        body.pop("version")
+    response = alice_api.post("/api/v1/projects/alpha/endpoints/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert reason in " ".join(response.json()[field])
+    assert not Endpoint.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_endpoint_pages_say_what_to_do_and_charlie_gets_404(alice, charlie, client, deployable, alice_api):
+    client.force_login(alice)
+    page = client.get("/endpoints/").content.decode()
+    assert "No endpoints yet" in page and "Deploy a model" in page
+    response = alice_api.post("/api/v1/projects/alpha/endpoints/", {"name": "chat", "cluster": "demo",
+                              "model": deployable, "version": 1}, format="json")  # fmt: skip
+    assert response.status_code == 201, response.content
+    page = client.get("/endpoints/alpha/chat/").content.decode()
+    assert "No traffic sampled yet" in page and "/alpha/chat:predict" in page
+    refused = client.post("/endpoints/new/", {"project": "alpha", "name": "chat", "cluster": "demo",
+                          "model": deployable, "version": "1", "min_replicas": "1", "max_replicas": "1"})  # fmt: skip
+    assert refused.status_code == 400 and "already has an endpoint named chat" in refused.content.decode()
+    client.force_login(charlie)
+    assert client.get("/endpoints/alpha/chat/").status_code == 404
+    assert "chat" not in client.get("/endpoints/").content.decode()

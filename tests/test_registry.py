@@ -1,0 +1,264 @@
+"""The model registry on a real MLflow server: versions, aliases, lineage, pages and REST, and (at the
+end, on a real local Slurm cluster with a real Celery worker) runs that register themselves and
+versions that outlive their cluster.
+
+alice and bob run project "alpha"; charlie is an outsider. The MLflow server lives for the session,
+so each test names its models afresh.
+"""
+
+import uuid
+
+import pytest
+from django.test import override_settings
+
+from recipes import registry
+from recipes.models import ModelVersion
+
+pytestmark = pytest.mark.django_db
+
+
+def fresh(prefix="llama"):
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def tiny_model(folder):
+    """A tiny Llama in Hugging Face format, as a run's export writes it."""
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from recipes.train import hf_tokenizer
+
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 260, "max_position_embeddings": 128}  # fmt: skip
+    LlamaForCausalLM(LlamaConfig(**shape)).save_pretrained(folder)
+    hf_tokenizer().save_pretrained(folder)
+    (folder / "tcc.json").write_text(json.dumps({"step": 3}))
+    return folder
+
+
+def a_version(project, name, tmp_path, losses=(3.0, 2.0, 1.5), parent=None, lr="0.001"):
+    """A version as register_run makes one (an MLflow run with metrics, params and the model's files),
+    from a folder on this machine instead of a cluster."""
+    from mlflow.entities import Metric, Param
+
+    mlflow = registry.client()
+    run_id = mlflow.create_run(registry.experiment_id(mlflow, project)).info.run_id
+    metrics = [Metric("loss", value, 0, step) for step, value in enumerate(losses, 1)]
+    mlflow.log_batch(run_id, metrics=metrics, params=[Param("lr", lr), Param("recipe", "llama3.1-8b-pretrain")])
+    folder = tiny_model(tmp_path / uuid.uuid4().hex)
+    mlflow.log_artifacts(run_id, str(folder), "model")
+    source = f"{mlflow.get_run(run_id).info.artifact_uri}/model"
+    return registry.publish(project, name, source, run_id=run_id, family="llama", step=len(losses),
+                            final_loss=losses[-1], lineage={"parent": parent})  # fmt: skip
+
+
+@pytest.fixture
+def model(alpha, mlflow_server, tmp_path):
+    """alpha's model with two versions, v2 trained from v1."""
+    name = fresh()
+    v1 = a_version(alpha, name, tmp_path)
+    v2 = a_version(alpha, name, tmp_path, losses=(1.4, 1.2, 1.1), parent=v1, lr="0.0005")
+    return name, v1, v2
+
+
+def test_it_numbers_versions_as_mlflow_does_and_keeps_their_lineage(alpha, model):
+    name, v1, v2 = model
+    assert (v1.version, v2.version) == (1, 2)
+    found = registry.client().get_model_version(f"alpha.{name}", "2")
+    assert found.tags["tcc.parent"] == f"{name}:v1" and found.source == v2.checkpoint
+    assert registry.metric_history(v2)["loss"] == [(1, 1.4), (2, 1.2), (3, 1.1)]
+
+
+def test_an_alias_names_one_version_and_moves_in_one_step(alpha, alice_api, model):
+    name, v1, _ = model
+    url = f"/api/v1/projects/alpha/models/{name}/aliases/production/"
+    assert alice_api.put(url, {"version": 1}, format="json").status_code == 200
+    assert registry.resolve(alpha, f"{name}@production") == v1
+    moved = alice_api.put(url, {"version": 2}, format="json")
+    assert moved.status_code == 200 and moved.json()["version"] == 2
+    assert registry.aliases(alpha, name) == {"production": 2}  # one version per alias
+    assert registry.client().get_model_version_by_alias(f"alpha.{name}", "production").version == "2"
+    body = alice_api.get(f"/api/v1/projects/alpha/models/{name}/").json()
+    assert body["aliases"] == {"production": 2} and [v["version"] for v in body["versions"]] == [2, 1]
+    assert body["versions"][0]["parent"] == f"{name}:v1"
+    assert alice_api.delete(url).status_code == 204
+    assert registry.aliases(alpha, name) == {}
+
+
+def test_alice_sees_the_models_page_a_version_with_its_lineage_and_a_comparison(alpha, alice, client, model):
+    name, _, _ = model
+    registry.set_alias(alpha, name, "staging", 2)
+    client.force_login(alice)
+    listing = client.get("/models/").content.decode()
+    assert f'href="/models/alpha/{name}/"' in listing
+    assert name in client.get("/models/", {"q": name[-6:]}).content.decode()
+    assert "No model matches" in client.get("/models/", {"q": "no-such"}).content.decode()
+    page = client.get(f"/models/alpha/{name}/").content.decode()
+    assert f"<code>{name}@staging</code>" in page and 'id="versions"' in page
+    version = client.get(f"/models/alpha/{name}/v2/").content.decode()
+    assert f'href="/models/alpha/{name}/v1/">{name}:v1</a>' in version  # lineage: its parent, a link
+    assert 'id="loss-chart"' in version and "0.0005" in version and "staging" in version
+    compared = client.get(f"/models/alpha/{name}/compare/", {"a": 1, "b": 2}).content.decode()
+    assert 'id="loss-a"' in compared and 'id="loss-b"' in compared
+    assert "<td><code>0.001</code></td><td><code>0.0005</code></td>" in compared
+
+
+def test_the_models_page_says_what_to_do_when_there_is_none(alpha, alice, client):
+    client.force_login(alice)
+    page = client.get("/models/").content.decode()
+    assert "No registered models yet" in page and "registers its model here by itself" in page
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "reason"),
+    [
+        ({"version": 9}, "version", "has no version 9"),
+        ({}, "version", "must be a version number"),
+        ({"version": "two"}, "version", "must be a version number"),
+    ],
+)
+def test_a_bad_alias_gets_a_400_naming_the_field_and_changes_nothing(alpha, alice_api, model, body, field, reason):
+    name, _, _ = model
+    registry.set_alias(alpha, name, "production", 1)
+    response = alice_api.put(f"/api/v1/projects/alpha/models/{name}/aliases/production/", body, format="json")
+    assert response.status_code == 400 and reason in response.json()[field][0]
+    assert registry.aliases(alpha, name) == {"production": 1}
+
+
+def test_an_alias_cannot_name_another_models_version(alpha, alice_api, model, tmp_path):
+    name, _, _ = model
+    other = fresh("gemma")
+    for _ in range(3):
+        a_version(alpha, other, tmp_path)
+    response = alice_api.put(f"/api/v1/projects/alpha/models/{name}/aliases/production/", {"version": 3},
+                             format="json")  # fmt: skip
+    assert response.status_code == 400 and f"{name} has no version 3" in response.json()["version"][0]
+    bad = alice_api.put(f"/api/v1/projects/alpha/models/{name}/aliases/latest/", {"version": 1}, format="json")
+    assert bad.status_code == 400 and "'latest' is MLflow's own" in bad.json()["alias"][0]
+    gone = alice_api.delete(f"/api/v1/projects/alpha/models/{name}/aliases/staging/")
+    assert gone.status_code == 400 and "has no alias staging" in gone.json()["alias"][0]
+    assert registry.aliases(alpha, name) == {} and registry.aliases(alpha, other) == {}
+
+
+def test_deleting_a_version_removes_it_from_mlflow_and_its_alias_with_it(alpha, alice_api, model):
+    name, v1, _ = model
+    registry.set_alias(alpha, name, "production", 1)
+    assert alice_api.delete(f"/api/v1/projects/alpha/models/{name}/versions/1/").status_code == 204
+    assert not ModelVersion.objects.filter(pk=v1.pk).exists()
+    assert [v.version for v in registry.client().search_model_versions(f"name='alpha.{name}'")] == ["2"]
+    assert registry.aliases(alpha, name) == {}
+    assert alice_api.get(f"/api/v1/projects/alpha/models/{name}/versions/1/").status_code == 404
+
+
+def test_charlie_gets_404_on_alphas_model_its_versions_and_aliases(model, charlie_api, charlie, client):
+    name, _, _ = model
+    base = f"/api/v1/projects/alpha/models/{name}/"
+    assert charlie_api.get(base).status_code == 404
+    assert charlie_api.get(f"{base}versions/1/").status_code == 404
+    assert charlie_api.put(f"{base}aliases/production/", {"version": 1}, format="json").status_code == 404
+    assert charlie_api.delete(f"{base}versions/1/").status_code == 404
+    client.force_login(charlie)
+    assert client.get(f"/models/alpha/{name}/").status_code == 404
+    assert client.get(f"/models/alpha/{name}/v1/").status_code == 404
+    assert name not in client.get("/models/").content.decode()
+    assert client.post(f"/models/alpha/{name}/v1/delete/").status_code == 404
+    assert ModelVersion.objects.filter(name=name).count() == 2
+
+
+def test_a_silent_registry_is_a_clear_503_and_a_warning_on_the_page(alpha, alice, alice_api, client, model):
+    name, _, _ = model
+    with override_settings(MLFLOW_TRACKING_URI="http://127.0.0.1:9"):
+        response = alice_api.get(f"/api/v1/projects/alpha/models/{name}/")
+        assert response.status_code == 503 and "model registry" in response.json()["detail"]
+        client.force_login(alice)
+        page = client.get(f"/models/alpha/{name}/")
+        assert page.status_code == 200 and "the model registry is not answering" in page.content.decode()
+
+
+def test_a_launch_from_an_unknown_version_or_alias_is_refused_with_the_reason(alpha, model):
+    from console.errors import FieldErrors
+
+    name, _, _ = model
+    for ref in (f"{name}:v7", f"{name}@canary", "nothing:v1"):
+        with pytest.raises(FieldErrors) as refused:
+            registry.resolve(alpha, ref)
+        assert f"no registered model version {ref}" in refused.value.errors["init_from"][0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runs_register_themselves_and_their_versions_outlive_the_cluster(
+    celery_worker, slurm, mlflow_server, alice_api, alice, client
+):
+    from clusters.choices import OperationStatus
+    from clusters.models import Cluster, Operation
+    from recipes.models import Run, RunStatus
+
+    from .conftest import example_spec, stop_local_clusters, wait_until
+
+    def finished(operation_id, timeout=120):
+        operation = wait_until(lambda: Operation.objects.filter(uuid=operation_id, status__in=OperationStatus.done())
+                               .first(), timeout=timeout, message="the operation")  # fmt: skip
+        assert operation.status == OperationStatus.SUCCEEDED, operation.error
+
+    def trained(body, timeout=240):
+        response = alice_api.post("/api/v1/projects/alpha/clusters/reg/runs/", body, format="json")
+        assert response.status_code == 201, response.content
+        run = wait_until(lambda: Run.objects.filter(uuid=response.json()["id"], status__in=RunStatus.done()).first(),
+                         timeout=timeout, interval=1, message="the run to end")  # fmt: skip
+        assert run.status == RunStatus.COMPLETED, run.log_tail
+        return run
+
+    def registered(run, timeout=90):
+        return wait_until(lambda: run.model_versions.first(), timeout=timeout, interval=0.5,
+                          message=f"run {run.uuid} to register itself")  # fmt: skip
+
+    created = alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "reg", "spec": example_spec(cpu=1)},
+                             format="json")  # fmt: skip
+    assert created.status_code == 202, created.content
+    try:
+        finished(created.json()["id"], timeout=180)
+        name = fresh("auto")
+        tiny = {"recipe": "llama3.1-8b-pretrain", "profile": "tiny", "nodes": 1, "steps": 6, "register_as": name}
+        first = trained(tiny)
+        v1 = registered(first)
+        assert (v1.name, v1.version, v1.automatic, v1.step) == (name, 1, True, 6)
+        # It logged its params and every step's metrics to MLflow as it trained.
+        mlflow = registry.client()
+        assert [m.step for m in mlflow.get_metric_history(first.mlflow_run_id, "loss")] == list(range(1, 7))
+        assert mlflow.get_run(first.mlflow_run_id).data.params["recipe"] == "llama3.1-8b-pretrain"
+        v2 = registered(trained(tiny))
+        assert v2.version == 2
+
+        # production -> v1; SFT starts from the alias and its version names v1 as its parent.
+        registry.set_alias(v1.project, name, "production", 1)
+        sft = trained({"recipe": "llama3.1-8b-sft", "profile": "tiny", "nodes": 1, "steps": 3,
+                       "init_from": f"{name}@production", "register_as": f"{name}-chat"})  # fmt: skip
+        chat = registered(sft)
+        assert chat.parent == v1 and sft.init_version == v1
+        # A run may opt out of registering itself.
+        quiet = trained({**tiny, "steps": 2, "register": False})
+        stopped = dict(quiet.config)
+        assert "register_as" not in stopped
+
+        # Deleting the cluster keeps every version, its lineage as names and its files in the registry.
+        deleted = alice_api.delete("/api/v1/projects/alpha/clusters/reg/")
+        assert deleted.status_code == 202, deleted.content
+        finished(deleted.json()["id"], timeout=180)
+        assert Cluster.objects.get(name="reg").status == "DELETED"
+        kept = ModelVersion.objects.get(name=f"{name}-chat")
+        assert kept.live_run is None and kept.cluster_name == "reg" and kept.parent.ref == f"{name}:v1"
+        assert ModelVersion.objects.filter(name=name).count() == 2
+        assert quiet.model_versions.count() == 0
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as folder:
+            files = Path(mlflow.download_artifacts(kept.mlflow_run_id, "model", folder))
+            names = {p.name for p in files.iterdir()}
+            assert {"config.json", "model.safetensors", "tokenizer.json", "tcc.json"} <= names
+        client.force_login(alice)
+        page = client.get(f"/models/alpha/{name}-chat/v1/").content.decode()
+        assert "its cluster was deleted" in page and f'href="/models/alpha/{name}/v1/"' in page
+    finally:
+        stop_local_clusters()
