@@ -29,7 +29,8 @@ def endpoint_list(request):
 def endpoint_new(request):
     projects = list(access.projects(request.user, access.RUN))
     form = {k: request.POST.get(k, "").strip() for k in FIELDS} if request.method == "POST" else {
-        "min_replicas": "1", "max_replicas": "2", "target_in_flight": "2"}  # fmt: skip
+        "min_replicas": "1", "max_replicas": "2", "target_in_flight": "2",
+        **{k: request.GET[k] for k in ("project", "model", "version", "alias") if k in request.GET}}  # fmt: skip
     errors = {}
     if request.method == "POST":
         project = next((p for p in projects if p.slug == form["project"]), None)

@@ -44,6 +44,7 @@ from .models import (
     Replica,
     ReplicaState,
 )
+from .partitions import partition_shape
 
 MAX_REPLICAS = 16
 
@@ -164,6 +165,8 @@ def replica_script(endpoint, replica, staged, runtime):
     home = clusters.shared_dir(endpoint.cluster)
     folder = f"{home}/{replica.folder}"
     partition = endpoint.cluster.partitions.filter(is_default=True).values_list("name", flat=True).first() or ""
+    gpus = (partition_shape(endpoint.cluster, partition) or (0, 0, ""))[1] if partition else 0
+    engine = ["--engine", "vllm", "--gpus", "1"] if gpus else []  # one GPU per replica
     return "\n".join(
         [
             "#!/bin/bash",
@@ -172,13 +175,14 @@ def replica_script(endpoint, replica, staged, runtime):
             "#SBATCH --nodes=1",
             "#SBATCH --ntasks=1",
             "#SBATCH --cpus-per-task=1",
+            *(["#SBATCH --gpus-per-node=1"] if gpus else []),
             f"#SBATCH --output={folder}/slurm-%j.out",
             "set -euo pipefail",
             f"export XDG_CACHE_HOME={shlex.quote(folder)}/.cache HF_HOME={shlex.quote(folder)}/.cache/huggingface",
             f"cd {shlex.quote(runtime.folder)}",
             f"exec srun {python} -m recipes.serve --model {shlex.quote(f'{home}/{staged}')} "
             f"--served-name {shlex.quote(endpoint.name)} --version {shlex.quote(replica.version_ref)} "
-            f"--announce {shlex.quote(folder + '/announce.json')}",
+            f"--announce {shlex.quote(folder + '/announce.json')}" + "".join(f" {a}" for a in engine),
             "",
         ]
     )

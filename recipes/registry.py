@@ -270,6 +270,11 @@ def stage(version, cluster):
     """The version's Hugging Face format folder in the cluster's shared home ("models/<name>/v<N>"),
     copied there from the registry the first time (a folder half copied is never seen)."""
     path = f"models/{mlflow_name(version.project, version.name)}/v{version.version}"
+    if version.mlflow_run_id:
+        with answering("list the model's files"):
+            files = client().list_artifacts(version.mlflow_run_id, "model")
+        if not any(f.path.endswith("/config.json") for f in files):
+            raise ConsoleError(f"{version.ref}'s files are missing from the registry's artifact store")
     if clusters.file_exists(cluster, f"{path}/config.json"):
         return path
     with tempfile.TemporaryDirectory(prefix="tcc-stage-") as temporary:

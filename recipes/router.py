@@ -37,7 +37,7 @@ log = logging.getLogger("recipes.router")
 class Route:
     endpoint_id: int
     project_id: int
-    replicas: list  # [(replica id, url)]
+    replicas: list  # [(replica id, url, version "name:vN")]
     version: str = ""
 
 
@@ -74,11 +74,11 @@ class Router:
         routes = {}
         endpoints = Endpoint.objects.filter(status__in=EndpointStatus.live()).select_related("project", "serving")
         replicas = {}
-        for endpoint_id, replica_id, host, port in (
+        for endpoint_id, replica_id, host, port, version in (
             Endpoint.objects.filter(status__in=EndpointStatus.live(), replicas__state=ReplicaState.READY)
-            .values_list("pk", "replicas__pk", "replicas__host", "replicas__port")
+            .values_list("pk", "replicas__pk", "replicas__host", "replicas__port", "replicas__version_ref")
         ):  # fmt: skip
-            replicas.setdefault(endpoint_id, []).append((replica_id, f"http://{host}:{port}"))
+            replicas.setdefault(endpoint_id, []).append((replica_id, f"http://{host}:{port}", version))
         for endpoint in endpoints:
             routes[(endpoint.project.slug, endpoint.name)] = Route(
                 endpoint.pk, endpoint.project_id, replicas.get(endpoint.pk, []),
@@ -160,9 +160,9 @@ class Router:
 
     def pick(self, route, tried):
         now = time.monotonic()
-        choices = [(rid, url) for rid, url in route.replicas if rid not in tried and self.suspect.get(rid, 0) < now]
+        choices = [r for r in route.replicas if r[0] not in tried and self.suspect.get(r[0], 0) < now]
         if not choices:
-            choices = [(rid, url) for rid, url in route.replicas if rid not in tried]
+            choices = [r for r in route.replicas if r[0] not in tried]
         if not choices:
             return None
         return min(choices, key=lambda choice: self.in_flight.get(choice[0], 0))
@@ -174,14 +174,15 @@ class Router:
             chosen = self.pick(route, tried)
             if chosen is None:
                 break
-            replica_id, url = chosen
+            replica_id, url, version = chosen
             tried.add(replica_id)
             self.in_flight[replica_id] = self.in_flight.get(replica_id, 0) + 1
             try:
                 async with self.session.request(method, url + path, data=body,
                                                 headers={"Content-Type": "application/json"}) as answer:  # fmt: skip
                     payload = await answer.read()
-                    return answer.status, payload, answer.headers.get("X-Model-Version", "")
+                    # vLLM's answers do not name the version; the table does.
+                    return answer.status, payload, answer.headers.get("X-Model-Version") or version
             except (TimeoutError, ClientConnectionError):
                 self.suspect[replica_id] = time.monotonic() + 5
                 continue

@@ -1,8 +1,9 @@
 """One inference replica: a model version's Hugging Face format folder served over an OpenAI-compatible
-HTTP API, run as a Slurm job on a cluster node (the tiny CPU profiles; GPU partitions run vLLM, which
-speaks the same protocol, with the same announce file).
+HTTP API, run as a Slurm job on a cluster node. CPU partitions (the tiny profiles) run the small
+transformers server below; GPU partitions run vLLM's OpenAI server (`--engine vllm`), announced the
+same way.
 
-    python -m recipes.serve --model FOLDER --served-name NAME --version NAME:vN --announce FILE
+    python -m recipes.serve --model FOLDER --served-name NAME --version NAME:vN --announce FILE [--engine vllm]
 
     GET  /health                   200 once the model is loaded
     GET  /v1/models                {"object": "list", "data": [{"id": NAME, ...}]}
@@ -194,6 +195,51 @@ def advertised_address():
         probe.close()
 
 
+def announce(path, port, version):
+    """Write {host, port, version} to `path` whole (beside, then renamed): the console reads it."""
+    path = Path(path)
+    staging = path.with_name(path.name + ".partial")
+    staging.write_text(json.dumps({"host": advertised_address(), "port": port, "version": version,
+                                   "pid": os.getpid()}))  # fmt: skip
+    staging.rename(path)
+    print(f"[serve] {version} on port {port}", flush=True)
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("0.0.0.0", 0))
+        return probe.getsockname()[1]
+
+
+def serve_vllm(args, timeout=1800):
+    """GPU partitions: vLLM's own OpenAI-compatible server on the node's GPUs (it must be installed in
+    the nodes' image), announced once its /health answers; this process lives as long as it does.
+    vLLM's answers do not name the version: the router adds X-Model-Version from its table."""
+    import subprocess
+    import urllib.request
+
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
+               "--served-model-name", args.served_name, "--host", "0.0.0.0", "--port", str(port),
+               "--tensor-parallel-size", str(args.gpus)]  # fmt: skip
+    server = subprocess.Popen(command)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            return server.returncode or 1
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    break
+        except OSError:
+            time.sleep(1)
+    else:
+        server.terminate()
+        return 1
+    announce(args.announce, port, args.version)
+    return server.wait()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a Hugging Face format folder")
@@ -201,16 +247,15 @@ def main(argv=None):
     parser.add_argument("--version", required=True, help="name:vN, echoed in every answer")
     parser.add_argument("--announce", required=True, help="where to write {host, port, version} once ready")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
+    parser.add_argument("--gpus", type=int, default=1, help="vLLM's tensor parallel size")
     args = parser.parse_args(argv)
+    if args.engine == "vllm":
+        return serve_vllm(args)
     model = Model(args.model, args.served_name, args.version, args.threads)
     server = ThreadingHTTPServer(("0.0.0.0", 0), handler_for(model))
     server.daemon_threads = True
-    announce = Path(args.announce)
-    staging = announce.with_name(announce.name + ".partial")
-    staging.write_text(json.dumps({"host": advertised_address(), "port": server.server_address[1],
-                                   "version": args.version, "pid": os.getpid()}))  # fmt: skip
-    staging.rename(announce)
-    print(f"[serve] {args.version} on port {server.server_address[1]}", flush=True)
+    announce(args.announce, server.server_address[1], args.version)
     server.serve_forever()
 
 

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusters import services as clusters
-from clusters.choices import EventLevel, NodeRole
+from clusters.choices import EventLevel
 from clusters.events import record_event
 from clusters.slurm import states
 from clusters.spec.validator import RESOURCE_ID
@@ -27,6 +27,7 @@ from console.errors import Conflict, ConsoleError, FieldErrors
 from . import fit, registry
 from .catalog import get_recipe, recipes
 from .models import ModelVersion, Run, RunMetric, RunStatus
+from .partitions import partition_shape
 
 
 def run_status(job_state):
@@ -40,20 +41,6 @@ def run_status(job_state):
     if job_state in states.JOB_RUNNING:
         return RunStatus.RUNNING
     return RunStatus.QUEUED
-
-
-def partition_shape(cluster, partition_name):
-    """(node count, GPUs per node, accelerator type or "") of a partition, or None when the cluster has
-    no such partition."""
-    partition = cluster.partitions.filter(name=partition_name).prefetch_related("node_pools").first()
-    if partition is None:
-        return None
-    pools = [p for p in partition.node_pools.all() if p.role == NodeRole.COMPUTE]
-    nodes = sum(p.node_count for p in pools)
-    # What a node really has on its backend (local nodes run on CPU whatever the machine type says).
-    gpus = min((clusters.gpus_per_node(cluster, p) for p in pools), default=0)
-    accelerator = next((p.accelerator_type for p in pools if p.accelerator_type), "") if gpus else ""
-    return nodes, gpus, accelerator
 
 
 def layout_of(recipe, profile, nodes, errors):

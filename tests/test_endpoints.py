@@ -268,3 +268,77 @@ def test_the_endpoint_pages_say_what_to_do_and_charlie_gets_404(alice, charlie, 
     client.force_login(charlie)
     assert client.get("/endpoints/alpha/chat/").status_code == 404
     assert "chat" not in client.get("/endpoints/").content.decode()
+
+
+FAKE_VLLM = """
+import argparse, json
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+parser = argparse.ArgumentParser()
+for flag in ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size"):
+    parser.add_argument(flag)
+args = parser.parse_args()
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": args.served_model_name, "tp": args.tensor_parallel_size}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+HTTPServer((args.host, int(args.port)), Handler).serve_forever()
+"""
+
+
+def test_a_gpu_replica_runs_vllms_openai_server_and_announces_it(tmp_path):
+    """vLLM itself needs a GPU; a stand-in module with its command line checks the wrapper: the
+    arguments it is given, the wait for /health and the announce file."""
+    package = tmp_path / "site" / "vllm" / "entrypoints" / "openai"
+    package.mkdir(parents=True)
+    for folder in (package, package.parent, package.parent.parent):
+        (folder / "__init__.py").write_text("")
+    (package / "api_server.py").write_text(FAKE_VLLM)
+    announce = tmp_path / "announce.json"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}:{settings.BASE_DIR}", "TCC_ADVERTISE_ADDRESS": "127.0.0.1"}
+    command = [sys.executable, "-m", "recipes.serve", "--model", str(tmp_path), "--served-name", "chat",
+               "--version", "big:v3", "--announce", str(announce), "--engine", "vllm", "--gpus", "2"]  # fmt: skip
+    replica = subprocess.Popen(command, env=env, cwd=settings.BASE_DIR)
+    try:
+        wait_until(announce.exists, timeout=60, message="the announce file")
+        found = json.loads(announce.read_text())
+        assert (found["host"], found["version"]) == ("127.0.0.1", "big:v3")
+        with urllib.request.urlopen(f"http://127.0.0.1:{found['port']}/v1/models", timeout=5) as answer:
+            assert json.loads(answer.read())["data"] == [{"id": "chat", "tp": "2"}]
+    finally:
+        replica.terminate()
+        replica.wait(timeout=20)
+
+
+@pytest.mark.django_db
+def test_a_gpu_partitions_replica_asks_for_a_gpu_and_runs_vllm(alpha, alice, settings, mlflow_server, tmp_path):
+    from clusters import services
+    from clusters.spec.reference import build_spec
+    from recipes.endpoints import replica_script
+    from recipes.models import Replica
+
+    from .conftest import provisioned
+
+    settings.GCE_REACH_CLUSTERS = False
+    alpha.gcp_project_id = "tcc-test"
+    alpha.save()
+    spec = build_spec("a3-ultra", display_name="ultra", zone="us-central1-b", nodes=2, backend="gce")
+    cluster = services.create_cluster(project=alpha, name="ultra", spec=spec, user=alice).cluster
+    provisioned(pk=cluster.pk)
+    version = a_version(alpha, fresh(), tmp_path)
+    endpoint = Endpoint.objects.create(project=alpha, cluster=cluster, name="big", model_name=version.name,
+                                       version=1)  # fmt: skip
+    replica = Replica.objects.create(endpoint=endpoint, version=version, version_ref=version.ref, folder="e/r-1")
+
+    class Runtime:
+        python, folder = "/opt/python/bin/python3", "/home/.tcc/runtime"
+
+    script = replica_script(endpoint, replica, "models/x/v1", Runtime)
+    assert "#SBATCH --gpus-per-node=1" in script and "--engine vllm --gpus 1" in script

@@ -262,3 +262,23 @@ def test_runs_register_themselves_and_their_versions_outlive_the_cluster(
         assert "its cluster was deleted" in page and f'href="/models/alpha/{name}/v1/"' in page
     finally:
         stop_local_clusters()
+
+
+def test_a_launch_from_a_version_whose_files_are_gone_is_a_400_and_submits_nothing(alpha, alice_api, mlflow_server):
+    from recipes.models import Run
+
+    from .conftest import example_spec, provisioned
+
+    assert alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "demo", "spec": example_spec(cpu=1)},
+                          format="json").status_code == 202  # fmt: skip
+    provisioned(name="demo")
+    name = fresh()
+    mlflow = registry.client()
+    run_id = mlflow.create_run(registry.experiment_id(mlflow, alpha)).info.run_id  # no files logged
+    registry.publish(alpha, name, f"{mlflow.get_run(run_id).info.artifact_uri}/model", run_id=run_id,
+                     family="llama", step=3)  # fmt: skip
+    response = alice_api.post("/api/v1/projects/alpha/clusters/demo/runs/", {"recipe": "llama3.1-8b-sft",
+                              "nodes": 1, "init_from": f"{name}:v1"}, format="json")  # fmt: skip
+    assert response.status_code == 400, response.content
+    assert "files are missing from the registry's artifact store" in response.json()["init_from"][0]
+    assert not Run.objects.exists()
