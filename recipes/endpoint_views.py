@@ -16,7 +16,7 @@ from . import endpoints
 from .models import Endpoint, EndpointStatus, ModelVersion
 
 FIELDS = ("project", "name", "cluster", "model", "version", "alias", "min_replicas", "max_replicas",
-          "target_in_flight")  # fmt: skip
+          "target_in_flight", "target_p95_ms")  # fmt: skip
 
 
 def endpoint_list(request):

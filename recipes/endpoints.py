@@ -5,7 +5,8 @@ One periodic task (`reconcile_endpoints`, every ENDPOINT_RECONCILE_SECONDS) driv
 endpoint towards what it should be, idempotently:
 
     autoscale   desired replicas from the router's samples: mean requests in flight per routed replica
-                above `target_in_flight` -> one more (up to max); no request for
+                above `target_in_flight`, or p95 latency above `target_p95_ms` when set -> one more
+                (up to max); no request for
                 ENDPOINT_SCALE_DOWN_IDLE_SECONDS -> one fewer (down to min); a cooldown between moves
     roll        the version wanted (the alias resolved in MLflow) differs from the replicas' -> start
                 `desired` replicas of it; once they all answer /health, drain the old ones
@@ -115,9 +116,19 @@ def check(project, data, *, current=None):
             raise ValueError
     except (TypeError, ValueError):
         errors["target_in_flight"] = ["must be a number of requests in flight per replica, from 0.1 to 1000"]
+    p95 = data.get("target_p95_ms", current.target_p95_ms if current else None)
+    if p95 in ("", None):
+        p95 = None
+    else:
+        try:
+            p95 = float(p95)
+            if not 1 <= p95 <= 600_000:
+                raise ValueError
+        except (TypeError, ValueError):
+            errors["target_p95_ms"] = ["must be a p95 latency in milliseconds, from 1 to 600000 (or empty)"]
     if errors:
         raise FieldErrors(errors)
-    fields.update(min_replicas=low, max_replicas=high, target_in_flight=target)
+    fields.update(min_replicas=low, max_replicas=high, target_in_flight=target, target_p95_ms=p95)
     return fields
 
 
@@ -274,9 +285,16 @@ def autoscale(endpoint, now):
         # Request-seconds over the window: the routers' samples add up (several routers, one sum each).
         in_flight = sum(s.in_flight * s.seconds for s in samples) / settings.ENDPOINT_SCALE_WINDOW_SECONDS
         per_replica = in_flight / routed
-        if per_replica > endpoint.target_in_flight and desired < endpoint.max_replicas and routed >= desired:
-            desired += 1
-            reason = f"{per_replica:.1f} requests in flight per replica, over the target {endpoint.target_in_flight:g}"
+        p95 = max((s.p95_ms for s in samples if s.p95_ms is not None), default=None)
+        slow = endpoint.target_p95_ms is not None and p95 is not None and p95 > endpoint.target_p95_ms
+        if desired < endpoint.max_replicas and routed >= desired:
+            if per_replica > endpoint.target_in_flight:
+                reason = (
+                    f"{per_replica:.1f} requests in flight per replica, over the target {endpoint.target_in_flight:g}"
+                )
+            elif slow:
+                reason = f"p95 latency {p95:.0f} ms, over the target {endpoint.target_p95_ms:g} ms"
+            desired += 1 if reason else 0
     idle_since = now - timedelta(seconds=settings.ENDPOINT_SCALE_DOWN_IDLE_SECONDS)
     if not reason and desired > endpoint.min_replicas and cooled and endpoint.created < idle_since:
         recent = EndpointSample.objects.filter(endpoint=endpoint, time__gte=idle_since)

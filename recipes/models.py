@@ -196,6 +196,7 @@ class Endpoint(models.Model):
     min_replicas = models.PositiveIntegerField(default=1)
     max_replicas = models.PositiveIntegerField(default=1)
     target_in_flight = models.FloatField(default=2.0)  # per replica; above it scales up
+    target_p95_ms = models.FloatField(null=True, blank=True)  # optional: a p95 latency above it scales up too
     desired_replicas = models.PositiveIntegerField(default=1)
     status = models.CharField(max_length=10, choices=EndpointStatus.choices, default=EndpointStatus.STARTING)
     last_scaled = models.DateTimeField(null=True, blank=True)

@@ -240,6 +240,7 @@ def deployable(alpha, alice_api, mlflow_server, tmp_path):
         ({"cluster": "elsewhere"}, "cluster", "no such cluster"),
         ({"name": "Chat Bot"}, "name", "lowercase letters"),
         ({"target_in_flight": 0}, "target_in_flight", "from 0.1 to 1000"),
+        ({"target_p95_ms": "fast"}, "target_p95_ms", "from 1 to 600000"),
     ],
 )
 def test_a_bad_endpoint_gets_a_400_naming_the_field_and_nothing_is_made(alice_api, deployable, change, field, reason):
@@ -342,3 +343,79 @@ def test_a_gpu_partitions_replica_asks_for_a_gpu_and_runs_vllm(alpha, alice, set
 
     script = replica_script(endpoint, replica, "models/x/v1", Runtime)
     assert "#SBATCH --gpus-per-node=1" in script and "--engine vllm --gpus 1" in script
+
+
+@pytest.fixture
+def scaled(alice_api, deployable, settings):
+    """alpha's endpoint "chat" (1 to 3 replicas, 2 in flight per replica, p95 target 500 ms), 10 minutes
+    old, with the production timings (30 s window, 60 s cooldown, 300 s idle)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.ENDPOINT_SCALE_WINDOW_SECONDS, settings.ENDPOINT_SCALE_COOLDOWN_SECONDS = 30, 60
+    settings.ENDPOINT_SCALE_DOWN_IDLE_SECONDS = 300
+    response = alice_api.post("/api/v1/projects/alpha/endpoints/", {"name": "chat", "cluster": "demo",
+                              "model": deployable, "version": 1, "min_replicas": 1, "max_replicas": 3,
+                              "target_in_flight": 2, "target_p95_ms": 500}, format="json")  # fmt: skip
+    assert response.status_code == 201, response.content
+    Endpoint.objects.filter(name="chat").update(created=timezone.now() - timedelta(minutes=10))
+    return Endpoint.objects.get(name="chat")
+
+
+def sampled(endpoint, seconds_ago, **values):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from recipes.models import EndpointSample
+
+    fields = {"seconds": 5, "requests": 10, "p50_ms": 40, "p95_ms": 80, "in_flight": 0.5, "replicas": 1, **values}
+    EndpointSample.objects.create(endpoint=endpoint, time=timezone.now() - timedelta(seconds=seconds_ago), **fields)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("sample", "desired", "reason"),
+    [
+        ({"in_flight": 3.0}, 2, "Scaled up to 2 replicas: 3.0 requests in flight per replica, over the target 2"),
+        ({"p95_ms": 900}, 2, "Scaled up to 2 replicas: p95 latency 900 ms, over the target 500 ms"),
+        ({"in_flight": 1.0, "p95_ms": 300}, 1, None),
+    ],
+)
+def test_it_scales_up_on_requests_in_flight_or_a_slow_p95(scaled, sample, desired, reason):
+    from django.utils import timezone
+
+    from recipes.endpoints import autoscale
+
+    for seconds_ago in (5, 10, 15, 20, 25, 30):
+        sampled(scaled, seconds_ago - 1, **sample)
+    autoscale(scaled, timezone.now())
+    assert Endpoint.objects.get(pk=scaled.pk).desired_replicas == desired
+    assert [e.message for e in scaled.events.filter(message__startswith="Scaled")] == ([reason] if reason else [])
+
+
+@pytest.mark.django_db
+def test_it_waits_out_the_cooldown_and_scales_down_only_when_idle(scaled):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from recipes.endpoints import autoscale
+
+    now = timezone.now()
+    Endpoint.objects.filter(pk=scaled.pk).update(desired_replicas=3, last_scaled=now - timedelta(seconds=30))
+    scaled.refresh_from_db()
+    sampled(scaled, 200, requests=0, in_flight=0, replicas=3)
+    autoscale(scaled, now)
+    assert Endpoint.objects.get(pk=scaled.pk).desired_replicas == 3  # in its cooldown
+    scaled.last_scaled = now - timedelta(seconds=120)
+    sampled(scaled, 100, requests=1, in_flight=0.01, replicas=3)
+    autoscale(scaled, now)
+    assert Endpoint.objects.get(pk=scaled.pk).desired_replicas == 3  # a request in the last 300 s
+    scaled.events.all().delete()
+    scaled.samples.all().delete()
+    sampled(scaled, 20, requests=0, in_flight=0, replicas=3)
+    autoscale(scaled, now)
+    assert Endpoint.objects.get(pk=scaled.pk).desired_replicas == 2
+    assert [e.message for e in scaled.events.all()] == ["Scaled down to 2 replicas: no request for 300 s"]

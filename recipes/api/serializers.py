@@ -83,7 +83,8 @@ class EndpointSerializer(serializers.ModelSerializer):
     class Meta:
         model = Endpoint
         fields = ["id", "name", "cluster", "model", "version", "alias", "serving", "status", "min_replicas",
-                  "max_replicas", "target_in_flight", "desired_replicas", "replicas", "created"]  # fmt: skip
+                  "max_replicas", "target_in_flight", "target_p95_ms", "desired_replicas", "replicas",
+                  "created"]  # fmt: skip
 
     def get_serving(self, endpoint) -> str | None:
         return endpoint.serving.ref if endpoint.serving else None
@@ -104,3 +105,6 @@ class EndpointRequestSerializer(serializers.Serializer):
     min_replicas = serializers.IntegerField(required=False, default=1)
     max_replicas = serializers.IntegerField(required=False)
     target_in_flight = serializers.FloatField(required=False, default=2.0)
+    target_p95_ms = serializers.FloatField(
+        required=False, allow_null=True, help_text="scale up also when the p95 latency is above this (ms)"
+    )
