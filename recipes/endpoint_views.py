@@ -3,7 +3,6 @@
 
 from django.conf import settings
 from django.contrib import messages
-from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
@@ -13,7 +12,7 @@ from console.errors import ConsoleError, FieldErrors, page_message
 from console.htmx import render_fragment
 
 from . import endpoints
-from .models import Endpoint, EndpointStatus, ModelVersion
+from .models import Endpoint, EndpointStatus, ModelVersion, ReplicaState
 
 FIELDS = ("project", "name", "cluster", "model", "version", "alias", "min_replicas", "max_replicas",
           "target_in_flight", "target_p95_ms")  # fmt: skip
@@ -56,14 +55,7 @@ def endpoint_new(request):
 
 
 def endpoint_for(request, project, name, permission=access.GET):
-    project = access.project(request.user, project, permission)
-    found = (
-        Endpoint.objects.filter(project=project, name=name).exclude(status=EndpointStatus.DELETED)
-        .select_related("project", "cluster", "serving").first()
-    )  # fmt: skip
-    if found is None:
-        raise Http404("No such endpoint")
-    return found
+    return endpoints.live_endpoint(access.project(request.user, project, permission), name)
 
 
 def charts(endpoint):
@@ -88,8 +80,7 @@ def charts(endpoint):
 def live_context(endpoint):
     return {
         "endpoint": endpoint,
-        "replicas": endpoint.replicas.exclude(state__in=["STOPPED", "FAILED"]).select_related("version"),
-        "ended_replicas": endpoint.replicas.filter(state__in=["STOPPED", "FAILED"]).order_by("-pk")[:10],
+        "replicas": endpoint.replicas.filter(state__in=ReplicaState.running()).select_related("version"),
         "charts": charts(endpoint),
         "events": endpoint.events.all()[:30],
     }
@@ -110,7 +101,7 @@ def endpoint_live(request, project, name):
     endpoint = endpoint_for(request, project, name)
     return render_fragment(request, "recipes/partials/endpoint_live.html", live_context(endpoint),
                            done=endpoint.status == EndpointStatus.DELETING and not endpoint.replicas.filter(
-                               state__in=["STARTING", "READY", "DRAINING"]).exists())  # fmt: skip
+                               state__in=ReplicaState.running()).exists())  # fmt: skip
 
 
 @require_POST

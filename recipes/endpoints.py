@@ -55,9 +55,9 @@ def event(endpoint, message):
 
 
 def whole(data, field, errors, low, high, default):
-    value = data.get(field, default)
-    if isinstance(value, bool) or value in (None, ""):
-        value = default if value in (None, "") else value
+    value = data.get(field)
+    if value in (None, ""):
+        value = default
     try:
         number = int(value)
     except (TypeError, ValueError):
@@ -163,6 +163,19 @@ def delete_endpoint(endpoint, user=None):
         event(endpoint, f"Deleting (by {user or 'system'}): its replicas stop")
         transaction.on_commit(lambda: reconcile_endpoint.delay(endpoint.pk))
     return endpoint
+
+
+def live_endpoint(project, name):
+    """The project's endpoint `name` unless deleted; Http404 otherwise, as console.access answers."""
+    from django.http import Http404
+
+    found = (
+        Endpoint.objects.filter(project=project, name=name).exclude(status=EndpointStatus.DELETED)
+        .select_related("project", "cluster", "serving").first()
+    )  # fmt: skip
+    if found is None:
+        raise Http404("No such endpoint")
+    return found
 
 
 def wanted_version(endpoint):

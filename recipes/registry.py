@@ -244,6 +244,17 @@ def publish(project, name, source, *, run_id, family, step, final_loss=None, siz
     )
 
 
+def model_versions(project, name):
+    """The project's versions of its model `name`, newest first (with their run, cluster and parent);
+    Http404 when it has none, as console.access answers for anything a user may not see."""
+    from django.http import Http404
+
+    versions = ModelVersion.objects.filter(project=project, name=name).select_related("run__cluster", "parent")
+    if not versions.exists():
+        raise Http404("No such model")
+    return versions
+
+
 def resolve(project, ref):
     """The project's ModelVersion that "name:vN" or "name@alias" names, else FieldErrors on init_from."""
     match = REF.match(ref or "")
@@ -308,18 +319,6 @@ def aliases(project, name):
                 return {}
             raise
     return {alias: int(number) for alias, number in found.aliases.items()}
-
-
-def all_aliases(project):
-    """{name: {alias: version}} for every model of the project, in one call."""
-    prefix = f"{project.slug}."
-    found = {}
-    with answering("read the aliases"):
-        page = client().search_registered_models(filter_string=f"name LIKE '{prefix}%'", max_results=1000)
-    for model in page:
-        if model.name.startswith(prefix):
-            found[model.name[len(prefix) :]] = {a: int(v) for a, v in model.aliases.items()}
-    return found
 
 
 def check_alias(alias):

@@ -32,10 +32,7 @@ def model_list(request):
 
 def versions_of(request, project, name, permission=access.GET):
     project = access.project(request.user, project, permission)
-    versions = list(ModelVersion.objects.filter(project=project, name=name).select_related("run__cluster", "parent"))
-    if not versions:
-        raise Http404("No such model")
-    return project, versions
+    return project, list(registry.model_versions(project, name))
 
 
 def model_detail(request, project, name):

@@ -188,7 +188,7 @@ class Router:
                 continue
             finally:
                 self.in_flight[replica_id] -= 1
-        return 503, json.dumps(error_body("no replica of this endpoint is serving yet", 503)).encode(), ""
+        return failure("no replica of this endpoint is serving yet", 503)
 
     async def handle(self, request):
         started = time.monotonic()
@@ -206,7 +206,7 @@ class Router:
             elif rest == "/v1/models" and request.method == "GET":
                 status, body, version = await self.forward(route, "GET", rest, None)
             else:
-                status, body, version = 404, json.dumps(error_body("no such path", 404)).encode(), ""
+                status, body, version = failure("no such path", 404)
             response = web.Response(status=status, body=body, content_type="application/json")
             if version:
                 response.headers["X-Model-Version"] = version
@@ -224,16 +224,16 @@ class Router:
         try:
             body = json.loads(raw or b"null")
         except ValueError:
-            return 400, json.dumps(error_body('the body must be JSON: {"instances": [...]}', 400)).encode(), ""
+            return failure('the body must be JSON: {"instances": [...]}', 400)
         instances = body.get("instances") if isinstance(body, dict) else None
         if not isinstance(instances, list) or not 1 <= len(instances) <= 32:
-            return 400, json.dumps(error_body("instances must be a list of 1 to 32 prompts", 400)).encode(), ""
+            return failure("instances must be a list of 1 to 32 prompts", 400)
         predictions, version = [], ""
         for instance in instances:
             if isinstance(instance, str):
                 instance = {"prompt": instance}
             if not isinstance(instance, dict) or not isinstance(instance.get("prompt"), str):
-                return 400, json.dumps(error_body('each instance is a prompt or {"prompt": ...}', 400)).encode(), ""
+                return failure('each instance is a prompt or {"prompt": ...}', 400)
             request = {"prompt": instance["prompt"], "max_tokens": instance.get("max_tokens", 16)}
             status, answer, version = await self.forward(route, "POST", "/v1/completions", json.dumps(request))
             if status != 200:
@@ -241,7 +241,8 @@ class Router:
                     message = json.loads(answer)["error"]["message"]
                 except (ValueError, KeyError, TypeError):
                     message = "the replica refused the instance"
-                return status, json.dumps(error_body(message, status)).encode(), version
+                status, body, _ = failure(message, status)
+                return status, body, version
             predictions.append(json.loads(answer)["choices"][0]["text"])
         return 200, json.dumps({"predictions": predictions, "deployedModelId": version}).encode(), version
 
@@ -263,6 +264,11 @@ def error_body(message, code):
     """OpenAI's error shape, with google.rpc's code and status beside it (the :predict callers' shape)."""
     return {"error": {"message": message, "type": "invalid_request_error" if code == 400 else "api_error",
                       "code": code, "status": STATUS.get(code, "INTERNAL")}}  # fmt: skip
+
+
+def failure(message, code):
+    """(status, body, version) of a refusal the router answers itself."""
+    return code, json.dumps(error_body(message, code)).encode(), ""
 
 
 def json_response(status, body):

@@ -89,13 +89,11 @@ def upload_folder(cluster, source, path, mode=0o644):
     staging = f"{path}.partial-{secrets.token_hex(4)}"
     for file in sorted(p for p in source.iterdir() if p.is_file()):
         with file.open("rb") as handle:
-            offset = 0
-            while True:
-                chunk = handle.read(PART)
-                if not chunk and offset:
-                    break
+            chunk, offset = handle.read(PART), 0
+            while True:  # the first part even when it is empty: an empty file is still written
                 agent_call(cluster, "write", f"{staging}/{file.name}", chunk, mode=mode, offset=offset)
                 offset += len(chunk)
+                chunk = handle.read(PART)
                 if not chunk:
                     break
     try:

@@ -3,7 +3,7 @@
 from rest_framework import serializers
 
 from .. import services
-from ..models import Endpoint, ModelVersion, Run
+from ..models import Endpoint, ModelVersion, ReplicaState, Run
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -92,7 +92,7 @@ class EndpointSerializer(serializers.ModelSerializer):
     def get_replicas(self, endpoint) -> list:
         return [
             {"id": r.pk, "version": r.version_ref, "state": r.state, "slurm_job_id": r.slurm_job_id, "url": r.url}
-            for r in endpoint.replicas.exclude(state__in=["STOPPED", "FAILED"])
+            for r in endpoint.replicas.filter(state__in=ReplicaState.running())
         ]
 
 

@@ -1,7 +1,6 @@
 """REST API for recipes and runs: list the catalog, launch a run with a JSON body, follow and cancel it,
 register its checkpoint. A ConsoleError a service raises is answered by /api/v1's one error handler."""
 
-from django.http import Http404
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
@@ -87,10 +86,7 @@ class ModelVersionList(APIView):
 
 def versions_of(request, project, name, permission=access.GET):
     project = access.project(request.user, project, permission)
-    versions = ModelVersion.objects.filter(project=project, name=name).select_related("parent")
-    if not versions.exists():
-        raise Http404("No such model")
-    return project, versions
+    return project, registry.model_versions(project, name)
 
 
 class ModelDetail(APIView):
@@ -139,12 +135,7 @@ class Alias(APIView):
 
 
 def endpoint_of(request, project, name, permission=access.GET):
-    project = access.project(request.user, project, permission)
-    return get_object_or_404(
-        Endpoint.objects.exclude(status=EndpointStatus.DELETED).select_related("cluster", "serving"),
-        project=project,
-        name=name,
-    )
+    return endpoints.live_endpoint(access.project(request.user, project, permission), name)
 
 
 def body_of(request):
