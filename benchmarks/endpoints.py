@@ -1,5 +1,5 @@
 """Inference endpoint figures on real parts: a local Slurm cluster whose replicas serve a tiny Llama
-(recipes/serve.py), the router process (`manage.py router`) and an MLflow server.
+(recipes/node/serve.py), the router process (`manage.py router`) and an MLflow server.
 
 - :predict p50/p95 latency and requests/s through the router with 1 and 2 replicas, and straight to one
   replica (the router's overhead as a ratio);
@@ -44,7 +44,7 @@ from clusters import services as cluster_services  # noqa: E402
 from clusters.models import Cluster  # noqa: E402
 from clusters.operations import engine  # noqa: E402
 from console.models import APIToken  # noqa: E402
-from recipes import endpoints  # noqa: E402
+from recipes import serving  # noqa: E402
 from recipes.models import Endpoint, EndpointStatus, Replica, ReplicaState  # noqa: E402
 
 
@@ -104,7 +104,7 @@ class Reconciler(threading.Thread):
 
     def run(self):
         while self.running:
-            endpoints.reconcile(Endpoint.objects.select_related("project", "cluster", "serving").get(
+            serving.reconcile(Endpoint.objects.select_related("project", "cluster", "serving").get(
                 pk=self.endpoint.pk))  # fmt: skip
             time.sleep(0.5)
 
@@ -137,7 +137,7 @@ def main(requests, clients):
         a_version(project, "tiny", WORK)
         fields = {"name": "bench", "cluster": "bench", "model": "tiny", "version": 1, "min_replicas": 1,
                   "max_replicas": 1}  # fmt: skip
-        endpoint = endpoints.create_endpoint(project, fields, user)
+        endpoint = serving.create_endpoint(project, fields, user)
         reconciler = Reconciler(endpoint)
         reconciler.start()
         routed = f"http://127.0.0.1:{ROUTER_PORT}/bench/bench:predict"
@@ -148,7 +148,7 @@ def main(requests, clients):
         replica = ready.first()
         rows = [("router, 1 replica", measure(routed, token, requests, clients)),
                 ("direct, 1 replica", measure(f"{replica.url}/predict", None, requests, clients))]  # fmt: skip
-        endpoints.change_endpoint(endpoint, {"min_replicas": 2, "max_replicas": 2})
+        serving.change_endpoint(endpoint, {"min_replicas": 2, "max_replicas": 2})
         wait_for(lambda: ready.count() == 2, 180, "two replicas")
         time.sleep(1)
         rows.append(("router, 2 replicas", measure(routed, token, requests, clients)))
@@ -160,7 +160,7 @@ def main(requests, clients):
               f"2 replicas vs 1 (requests/s): {rows[2][1][2] / rows[0][1][2]:.2f}x")  # fmt: skip
 
         # Roll v1 -> v2 on one replica while a client keeps calling.
-        endpoints.change_endpoint(endpoint, {"min_replicas": 1, "max_replicas": 1})
+        serving.change_endpoint(endpoint, {"min_replicas": 1, "max_replicas": 1})
         wait_for(lambda: Replica.objects.filter(endpoint=endpoint, state__in=ReplicaState.running()).count() == 1,
                  60, "one replica again")  # fmt: skip
         statuses, running = [], [True]
@@ -172,7 +172,7 @@ def main(requests, clients):
         thread = threading.Thread(target=caller)
         thread.start()
         started = time.monotonic()
-        endpoints.change_endpoint(endpoint, {"version": 2})
+        serving.change_endpoint(endpoint, {"version": 2})
         old = Replica.objects.filter(endpoint=endpoint, version__version=1, state__in=ReplicaState.running())
         wait_for(lambda: not old.exists(), 180, "the roll")
         rolled = time.monotonic() - started
@@ -185,8 +185,8 @@ def main(requests, clients):
         if reconciler:
             reconciler.running = False
         for endpoint in Endpoint.objects.exclude(status=EndpointStatus.DELETED):
-            endpoints.delete_endpoint(endpoint)
-            endpoints.reconcile(endpoint)
+            serving.delete_endpoint(endpoint)
+            serving.reconcile(endpoint)
         engine.run(cluster_services.delete_cluster(cluster=cluster, user=user).pk)
         router.terminate()
         os.killpg(mlflow.pid, 15)

@@ -20,14 +20,14 @@ scratch_django()
 from clusters import services as cluster_services  # noqa: E402
 from clusters.models import Cluster  # noqa: E402
 from clusters.operations import engine  # noqa: E402
-from recipes import services  # noqa: E402
+from recipes import runs  # noqa: E402
 from recipes.models import RunStatus  # noqa: E402
 
 
 def wait(run, timeout=600):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        services.refresh_run(run)
+        runs.refresh_run(run)
         if run.is_done:
             return run
         time.sleep(0.5)
@@ -49,7 +49,7 @@ def main(steps):
     try:
         for nodes in (1, 2):
             launched = time.time()
-            run = services.launch_run(
+            run = runs.launch_run(
                 cluster=cluster, data={"recipe": "llama3.1-8b-pretrain", "nodes": nodes, "steps": steps}, user=user
             )
             wait(run)

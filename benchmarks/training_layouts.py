@@ -1,4 +1,4 @@
-"""Tokens/s of the tiny Llama profile under each layout recipes/train.py offers, at 4 ranks on this
+"""Tokens/s of the tiny Llama profile under each layout recipes/node/train.py offers, at 4 ranks on this
 machine (gloo, CPU), against one rank; and DCP checkpoint save and load (resume) time per layout.
 
 Layouts: 1 rank; 4 ranks DDP (every rank the whole model; the baseline); 4 ranks FSDP2 (data parallel
@@ -37,10 +37,10 @@ def config(folder, tensor, strategy, steps=20):
 
 
 def train(folder, ranks):
-    command = [sys.executable, "-m", "recipes.train", str(folder / "config.json")]
+    command = [sys.executable, "-m", "recipes.node.train", str(folder / "config.json")]
     if ranks > 1:
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--standalone",
-                   "-m", "recipes.train", str(folder / "config.json")]  # fmt: skip
+                   "-m", "recipes.node.train", str(folder / "config.json")]  # fmt: skip
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=600)
     events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
     return json.loads((folder / "result.json").read_text()), events

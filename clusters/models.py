@@ -35,13 +35,6 @@ def compare_and_set(row, *, expected, **fields):
     return bool(moved)
 
 
-class ProjectQuerySet(models.QuerySet):
-    def for_user(self, user):
-        if not user.is_authenticated:
-            return self.none()
-        return self.filter(memberships__user=user)
-
-
 class Project(models.Model):
     """The unit of access: a user sees the clusters of the projects they are a member of."""
 
@@ -56,8 +49,6 @@ class Project(models.Model):
     node_quota = models.PositiveIntegerField(null=True, blank=True, help_text="Nodes (login and compute), all clusters")
     gpu_quota = models.PositiveIntegerField(null=True, blank=True, help_text="GPUs, all clusters")
     created = models.DateTimeField(default=timezone.now)
-
-    objects = ProjectQuerySet.as_manager()
 
     class Meta:
         ordering = ["slug"]
@@ -84,9 +75,7 @@ class Membership(models.Model):
 
 
 class ClusterQuerySet(models.QuerySet):
-    def for_user(self, user):
-        return self.filter(project__in=Project.objects.for_user(user))
-
+    # What a user may see is clusters.access's to say (memberships, a token's project and read-only cap).
     def live(self):
         return self.exclude(status=ClusterStatus.DELETED)
 

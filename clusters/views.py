@@ -9,14 +9,16 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from console import access, safejson
+from console import safejson
+from console.actions import act
 from console.charts import line_chart
-from console.errors import ConsoleError, FieldErrors, page_message
+from console.errors import ConsoleError, FieldErrors
 from console.htmx import render_fragment
 
-from . import services
+from . import access, services
 from .choices import CLUSTER_STATUS_COLOURS, ClusterStatus
 from .health import load_checks
 from .health.scans import by_node, grid_rows, latest_results, repairs_of, scannable, scans_of, start_scan
@@ -191,13 +193,12 @@ def cluster_delete(request, project, name):
     if request.POST.get("confirm") != cluster.name:
         messages.error(request, f"Type the cluster id '{cluster.name}' to confirm deletion.")
         return redirect(cluster)
-    try:
-        services.delete_cluster(cluster=cluster, user=request.user)
-    except ConsoleError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"Deleting cluster {cluster.name}.")
-    return redirect(cluster)
+    return act(
+        request,
+        lambda: services.delete_cluster(cluster=cluster, user=request.user),
+        done=f"Deleting cluster {cluster.name}.",
+        then=cluster,
+    )
 
 
 def status_counts(clusters):
@@ -228,14 +229,13 @@ def cluster_health(request, project, name):
 @require_POST
 def cluster_scan(request, project, name):
     cluster = cluster_for(request, project, name, access.RUN)
-    try:
-        operation = start_scan(cluster=cluster, checks=request.POST.getlist("checks") or None, user=request.user)
-    except ConsoleError as exc:
-        messages.error(request, page_message(exc))
-    else:
-        messages.success(request, "Health scan started.")
-        return redirect("scan-detail", cluster.project.slug, cluster.name, operation.uuid)
-    return redirect(cluster)
+    return act(
+        request,
+        lambda: start_scan(cluster=cluster, checks=request.POST.getlist("checks") or None, user=request.user),
+        done="Health scan started.",
+        then=lambda operation: reverse("scan-detail", args=[cluster.project.slug, cluster.name, operation.uuid]),
+        failed_then=cluster,
+    )
 
 
 def scan_for(cluster, uuid):

@@ -9,11 +9,11 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from console import access, safejson
+from console import safejson
 from console.errors import Conflict, ConsoleError, FieldErrors
 from console.htmx import htmx_partial
 
-from . import services, wizard
+from . import access, services, wizard
 from .choices import ClusterStatus
 from .models import Cluster
 from .spec.catalog import REGIONS, ZONES, machine_type_names

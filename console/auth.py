@@ -18,7 +18,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         token = APIToken.authenticate(header[1].decode(errors="replace"))
         if token is None:
             raise exceptions.AuthenticationFailed("Invalid, expired or revoked token.")
-        # console.access reads the token's limits (project, read-only) from the user it checks.
+        # clusters.access reads the token's limits (project, read-only) from the user it checks.
         token.user.api_token = token
         return token.user, token
 

@@ -22,7 +22,7 @@ class APIToken(models.Model):
     digest = models.CharField(max_length=64, unique=True, editable=False)
     created = models.DateTimeField(default=timezone.now)
     last_used = models.DateTimeField(null=True, blank=True)
-    # Limits on top of the user's own roles (console.access applies them): one project only, reads
+    # Limits on top of the user's own roles (clusters.access applies them): one project only, reads
     # only, and a last day.
     project = models.ForeignKey(
         "clusters.Project", models.CASCADE, null=True, blank=True, related_name="api_tokens",

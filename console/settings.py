@@ -185,8 +185,8 @@ PERIODIC_TASKS = {
     "run-due-scans": ("clusters.tasks.run_due_scans", 60.0),
     "prune-history": ("clusters.tasks.prune_history", 3600.0),
 }
-# Inference endpoints (recipes/endpoints.py): one reconcile round for every endpoint (replicas, rolls,
-# autoscaling) every ENDPOINT_RECONCILE_SECONDS; the router (recipes/router.py) writes a sample per
+# Inference endpoints (recipes/serving/): one reconcile round for every endpoint (replicas, rolls,
+# autoscaling) every ENDPOINT_RECONCILE_SECONDS; the router (recipes/serving/router.py) writes a sample per
 # endpoint every ROUTER_SAMPLE_SECONDS and reads its routing table every ROUTER_REFRESH_SECONDS.
 ENDPOINT_RECONCILE_SECONDS = envfloat("ENDPOINT_RECONCILE_SECONDS", 5.0)
 ENDPOINT_SCALE_WINDOW_SECONDS = envfloat("ENDPOINT_SCALE_WINDOW_SECONDS", 30.0)
@@ -200,7 +200,7 @@ ROUTER_REFRESH_SECONDS = envfloat("ROUTER_REFRESH_SECONDS", 1.0)
 ROUTER_SAMPLE_SECONDS = envfloat("ROUTER_SAMPLE_SECONDS", 5.0)
 ROUTER_TOKEN_CACHE_SECONDS = envfloat("ROUTER_TOKEN_CACHE_SECONDS", 10.0)
 ROUTER_REQUEST_TIMEOUT = envfloat("ROUTER_REQUEST_TIMEOUT", 120.0)
-PERIODIC_TASKS["reconcile-endpoints"] = ("recipes.endpoints.reconcile_endpoints", ENDPOINT_RECONCILE_SECONDS)
+PERIODIC_TASKS["reconcile-endpoints"] = ("recipes.tasks.reconcile_endpoints", ENDPOINT_RECONCILE_SECONDS)
 # Tasks the periodic ones fan out, on the same queue.
 PERIODIC_FAN_OUT = ["clusters.tasks.sync_cluster"]
 

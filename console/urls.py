@@ -5,7 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from recipes import views as recipes_views
+from recipes.runs import views as recipes_views
 
 from . import views
 
@@ -13,14 +13,14 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
-    path("clusters/<slug:project>/<slug:name>/runs/", include("recipes.urls")),
+    path("clusters/<slug:project>/<slug:name>/runs/", include("recipes.runs.urls")),
     path("clusters/<slug:project>/<slug:name>/tensorboard/", recipes_views.tensorboard_proxy, name="tensorboard"),
     path("clusters/<slug:project>/<slug:name>/tensorboard/<path:path>", recipes_views.tensorboard_proxy),
     path("clusters/", include("clusters.urls")),
-    path("models/", include("recipes.registry_urls")),
-    path("endpoints/", include("recipes.endpoint_urls")),
+    path("models/", include("recipes.registry.urls")),
+    path("endpoints/", include("recipes.serving.urls")),
     path("api/v1/", include("clusters.api.urls")),
-    path("api/v1/", include("recipes.api.urls")),
+    path("api/v1/", include("recipes.api_urls")),
     path("v1beta1/", include("clusters.api.compat_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -11,9 +11,9 @@ from django.views.decorators.http import require_POST
 from django.views.defaults import page_not_found
 from django.views.defaults import server_error as defaults_server_error
 
+from clusters import access
 from clusters.views import status_counts
 
-from . import access
 from .errors import surface_error
 from .models import APIToken, SignInFailure
 

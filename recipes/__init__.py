@@ -1,1 +1,3 @@
-"""Predefined LLM training recipes (Llama, Gemma) launched as Slurm jobs; filled in by the recipes issue."""
+"""Predefined LLM recipes on the console's clusters: runs/ (launch, follow, pages, API), registry/
+(MLflow), serving/ (endpoints, reconcile, the router), catalog/ (the recipes as data) and node/ (what
+runs ON the nodes, free of Django). docs/layout.md draws the path each request takes."""

@@ -1,5 +1,5 @@
 """Inference endpoints on real parts: a real MLflow server holds the versions, replicas are Slurm jobs
-on a real local cluster serving a tiny model (recipes/serve.py), a real router process
+on a real local cluster serving a tiny model (recipes/node/serve.py), a real router process
 (`manage.py router`) sits in front, and a real Celery worker with beat reconciles and autoscales.
 
 alice runs project "alpha"; charlie is an outsider. Timings are the tests' (reconcile every 1 s,
@@ -304,7 +304,7 @@ def test_a_gpu_replica_runs_vllms_openai_server_and_announces_it(tmp_path):
     (package / "api_server.py").write_text(FAKE_VLLM)
     announce = tmp_path / "announce.json"
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}:{settings.BASE_DIR}", "TCC_ADVERTISE_ADDRESS": "127.0.0.1"}
-    command = [sys.executable, "-m", "recipes.serve", "--model", str(tmp_path), "--served-name", "chat",
+    command = [sys.executable, "-m", "recipes.node.serve", "--model", str(tmp_path), "--served-name", "chat",
                "--version", "big:v3", "--announce", str(announce), "--engine", "vllm", "--gpus", "2"]  # fmt: skip
     replica = subprocess.Popen(command, env=env, cwd=settings.BASE_DIR)
     try:
@@ -322,8 +322,8 @@ def test_a_gpu_replica_runs_vllms_openai_server_and_announces_it(tmp_path):
 def test_a_gpu_partitions_replica_asks_for_a_gpu_and_runs_vllm(alpha, alice, settings, mlflow_server, tmp_path):
     from clusters import services
     from clusters.spec.reference import build_spec
-    from recipes.endpoints import replica_script
     from recipes.models import Replica
+    from recipes.serving import replica_script
 
     from .conftest import provisioned
 
@@ -386,7 +386,7 @@ def sampled(endpoint, seconds_ago, **values):
 def test_it_scales_up_on_requests_in_flight_or_a_slow_p95(scaled, sample, desired, reason):
     from django.utils import timezone
 
-    from recipes.endpoints import autoscale
+    from recipes.serving import autoscale
 
     for seconds_ago in (5, 10, 15, 20, 25, 30):
         sampled(scaled, seconds_ago - 1, **sample)
@@ -401,7 +401,7 @@ def test_it_waits_out_the_cooldown_and_scales_down_only_when_idle(scaled):
 
     from django.utils import timezone
 
-    from recipes.endpoints import autoscale
+    from recipes.serving import autoscale
 
     now = timezone.now()
     Endpoint.objects.filter(pk=scaled.pk).update(desired_replicas=3, last_scaled=now - timedelta(seconds=30))

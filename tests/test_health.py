@@ -139,7 +139,7 @@ def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same
 
     from clusters import services
     from clusters.health import repair
-    from recipes import services as runs
+    from recipes import runs
 
     owner = cluster.project.members.get()
 

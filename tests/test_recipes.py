@@ -25,7 +25,7 @@ RUNS = "/api/v1/projects/rlab/clusters/train/runs/"
 def train_cluster(request, django_db_setup, django_db_blocker, slurm):
     with module_cluster(django_db_blocker, username="rita", project_slug="rlab", request=request) as cluster:
         yield cluster
-        from recipes import tensorboard
+        from recipes.runs import tensorboard
 
         tensorboard.stop(cluster)
         with django_db_blocker.unblock():
@@ -442,7 +442,7 @@ def test_sft_starts_from_a_hugging_face_folder_in_the_shared_home(rita_api, trai
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from clusters import services
-    from recipes.train import hf_tokenizer
+    from recipes.node.train import hf_tokenizer
 
     shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "vocab_size": 260, "max_position_embeddings": 128}  # fmt: skip

@@ -27,7 +27,7 @@ def tiny_model(folder):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from recipes.train import hf_tokenizer
+    from recipes.node.train import hf_tokenizer
 
     shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "vocab_size": 260, "max_position_embeddings": 128}  # fmt: skip

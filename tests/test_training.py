@@ -1,8 +1,8 @@
-"""The training entry point itself (recipes/train.py with recipes/distributed.py), run as the nodes run it
+"""The training entry point itself (recipes/node/train.py with recipes/node/distributed.py), run as the nodes run it
 but started with torchrun on this machine: a 2x2 mesh (FSDP2 x tensor parallel) over gloo trains to the
 same loss as one rank with the same global batch, its DCP checkpoints resume bit-exactly and load at
 another world size, and GRPO raises the reward of the shipped task. Persona: tomas, who writes recipes.
-The fit check (recipes/fit.py) refuses what cannot fit before anything is submitted."""
+The fit check (recipes/runs/fit.py) refuses what cannot fit before anything is submitted."""
 
 import json
 import shutil
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from recipes import fit
 from recipes.catalog import get_recipe
+from recipes.runs import fit
 
 ROOT = Path(settings.BASE_DIR)
 
@@ -38,10 +38,10 @@ def config(folder, family="llama", **changes):
 
 
 def train(folder, ranks=1):
-    command = [sys.executable, "-m", "recipes.train", str(folder / "config.json")]
+    command = [sys.executable, "-m", "recipes.node.train", str(folder / "config.json")]
     if ranks > 1:
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-                   "--standalone", "-m", "recipes.train", str(folder / "config.json")]  # fmt: skip
+                   "--standalone", "-m", "recipes.node.train", str(folder / "config.json")]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads((folder / "result.json").read_text())
@@ -123,7 +123,7 @@ def test_a_launch_that_cannot_fit_is_refused_with_the_numbers(alpha, alice, sett
     from clusters import services
     from clusters.spec.reference import build_spec
     from console.errors import FieldErrors
-    from recipes import services as runs
+    from recipes import runs
 
     from .conftest import provisioned
 
@@ -151,13 +151,13 @@ def test_a_hugging_face_folder_starts_a_run_exactly_as_the_checkpoint_it_was_exp
     # Every run exports its final model in this format by itself (what the registry stores), with its step.
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (pretrained / "model").iterdir()}
     assert json.loads((pretrained / "model" / "tcc.json").read_text())["step"] == 20
-    command = [sys.executable, "-m", "recipes.train", str(pretrained / "config.json")]
+    command = [sys.executable, "-m", "recipes.node.train", str(pretrained / "config.json")]
     exported = subprocess.run(
         [*command, "--export", str(checkpoint), str(folder)], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
-    dataset = str(ROOT / "recipes" / "data" / "instructions.jsonl")
+    dataset = str(ROOT / "recipes" / "node" / "data" / "instructions.jsonl")
     runs = {}
     for name, start in (
         ("from-checkpoint", {"init_from": str(checkpoint)}),

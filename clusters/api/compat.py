@@ -25,11 +25,11 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from console import access, safejson
+from console import safejson
 from console.auth import BearerTokenAuthentication
 from console.errors import Conflict, ConsoleError, FieldErrors
 
-from .. import services
+from .. import access, services
 from ..choices import ClusterStatus, OperationStatus
 from ..models import Operation
 from ..operations import kind

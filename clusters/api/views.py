@@ -1,6 +1,6 @@
 """The console's own REST API: projects, clusters, operations, nodes, jobs, events, scans and repairs.
 
-Views are short: access (console.access) finds what the user may see, a service does the work, and a
+Views are short: access (clusters.access) finds what the user may see, a service does the work, and a
 ConsoleError it raises becomes its HTTP answer in one place (console.safejson.api_exception_handler).
 """
 
@@ -11,10 +11,9 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from console import access
 from console.pagination import JobCursorPagination
 
-from .. import services
+from .. import access, services
 from ..health import scans, schedule
 from ..models import Operation
 from .serializers import (

@@ -28,7 +28,7 @@ from .policy import GAVE_UP, REASON_PREFIX, next_action, policy, worst
 
 def detect(cluster):
     """{node name: (failure, detail)} for compute nodes Slurm has given up on or a repair left drained."""
-    if services.sync_cluster(cluster):
+    if services.sync_cluster(cluster, hooks=False):
         return {}  # Slurm itself is not answering: that is not a node's fault
     found = {}
     for node in cluster.nodes.filter(node_pool__role=NodeRole.COMPUTE, state=NodeState.READY):

@@ -23,6 +23,7 @@ from ..choices import ClusterStatus, EventLevel, NodeRole, NodeState, OperationK
 from ..events import record_event
 from ..models import HealthResult
 from ..operations import start
+from ..slurm import batch
 from ..slurm.states import NODE_UP, is_down, is_drained, is_schedulable, split_state
 from ..work import PermanentBackendError, Step, TransientBackendError, heartbeat
 from . import FAIL, PASS, WARN, load_checks, threshold_errors, thresholds, unknown_checks
@@ -83,7 +84,7 @@ def targets(cluster, idle_only=False, held=()):
     in a hold other than the scan's own (`held`); with `idle_only` (periodic scans) so are nodes running
     jobs. A node in two partitions is scanned in the first.
     """
-    services.sync_cluster(cluster)
+    services.sync_cluster(cluster, hooks=False)
     found, skipped, seen = {}, {}, set()
     for partition in cluster.partitions.prefetch_related("node_pools__nodes"):
         for pool in partition.node_pools.all():
@@ -192,25 +193,23 @@ def write_job(ctx):
     runtime = services.runtime.install(ctx.backend, cluster)  # the health agent's code, in the shared home
     hold = checkpoint.get("hold")
     for name, nodes in checkpoint["nodes"].items():
-        script = "\n".join(
-            [
-                "#!/bin/bash",
-                f"#SBATCH --job-name=health-scan-{str(ctx.operation.uuid)[:8]}",
-                f"#SBATCH --partition={name}",
-                f"#SBATCH --nodelist={','.join(nodes)}",
-                f"#SBATCH --nodes={len(nodes)}",
-                "#SBATCH --ntasks-per-node=1",
-                "#SBATCH --time=30",
+        script = batch.render(
+            {
+                "job-name": f"health-scan-{str(ctx.operation.uuid)[:8]}",
+                "partition": name,
+                "nodelist": ",".join(nodes),
+                "nodes": len(nodes),
+                "ntasks-per-node": 1,
+                "time": 30,
                 # A scan is judged on the nodes it was given; it is never rerun behind the console's back.
-                "#SBATCH --no-requeue",
-                *([f"#SBATCH --reservation={hold}"] if hold else []),
-                f"#SBATCH --output={folder}/slurm-{name}-%j.out",
-                f"cd {shlex.quote(runtime.folder)}",
-                # One BLAS thread per task: each node measures itself, not a fight over shared cores.
-                "export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1",
-                f"srun {shlex.quote(runtime.python)} -m clusters.health.agent {folder}/context.json {folder}",
-                "",
-            ]
+                "no-requeue": True,
+                "reservation": hold or None,
+                "output": f"{folder}/slurm-{name}-%j.out",
+            },
+            # One BLAS thread per task: each node measures itself, not a fight over shared cores.
+            environment={"OMP_NUM_THREADS": 1, "OPENBLAS_NUM_THREADS": 1, "MKL_NUM_THREADS": 1},
+            folder=runtime.folder,
+            body=[f"srun {shlex.quote(runtime.python)} -m clusters.health.agent {folder}/context.json {folder}"],
         )
         agent.write(in_scan(ctx, f"scan-{name}.sbatch"), script.encode())
 

@@ -5,7 +5,7 @@ reach.py      what a page or recipe needs from the cluster's backend (shapes, pl
 sync.py       the periodic sync: Slurm's node states and job queue pulled into the database
 live.py       those rows, read (pages and GET endpoints read only these, never Slurm)
 files.py      the cluster's files under its shared home, through the cluster agent
-runtime.py    the console's code the nodes run (health agent, recipes/train.py), installed in the home
+runtime.py    the console's code the nodes run (health agent, recipes/node/train.py), installed in the home
 members.py    a project's members and roles
 """
 

@@ -1,5 +1,5 @@
 """The console's own code that a cluster's nodes run: the health agent and its checks, and the one
-training entry point (recipes/train.py) with its shipped data. It is copied into the cluster's shared
+training entry point (recipes/node/) with its shipped data. It is copied into the cluster's shared
 home through the cluster agent, once per version (`.tcc/runtime-<digest of the files>/`), so a scan or
 a run starts the same code on a local cluster and on a gce VM, from the home every node mounts, with
 the backend's Python for the nodes (`node_python`: the console's own on local, GCE_NODE_PYTHON on gce).
@@ -14,8 +14,8 @@ from django.conf import settings
 
 from .reach import with_backend
 
-# What the nodes import (`python -m clusters.health.agent`, `python -m recipes.train`, `recipes.serve`): standard
-# library, numpy and torch only; nothing here may import Django.
+# What the nodes import (`python -m clusters.health.agent`, `recipes.node.train`, `recipes.node.serve`):
+# standard library, numpy and torch only; nothing here may import Django (.importlinter checks recipes.node).
 FILES = [
     "clusters/__init__.py",
     "clusters/rendezvous.py",
@@ -24,10 +24,8 @@ FILES = [
     "clusters/health/thresholds.json",
     "clusters/health/checks/*.py",
     "recipes/__init__.py",
-    "recipes/train.py",
-    "recipes/distributed.py",
-    "recipes/serve.py",
-    "recipes/data/*.jsonl",
+    "recipes/node/*.py",
+    "recipes/node/data/*.jsonl",
 ]
 DONE = ".installed"
 

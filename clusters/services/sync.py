@@ -5,13 +5,19 @@ Celery beat runs `clusters.tasks.sync_clusters` every SLURM_SYNC_SECONDS; it sen
 only the rows that changed, in bulk. Pages and GET endpoints read those rows (clusters.services.live)
 and never Slurm, so N open tabs cost the cluster no more Slurm calls than none.
 
-Other apps keep their own rows in step through hooks registered with on_sync() (recipes: each
-run's Slurm state and progress); clusters never imports them.
+A sync has two rounds. The pull round (backend -> rows) writes what changed: nodes by one UPDATE per
+distinct (state, reason), jobs by one upsert per batch (INSERT ... ON CONFLICT DO UPDATE), unchanged
+rows not at all. The hooks round lets other apps react to the rows (recipes: each run's Slurm state
+and progress, registered with on_sync(); clusters never imports them): a hook that raises is logged
+and put on the cluster's timeline, and the sync, and the health scans that pull first, still finish.
+Scans and repair detection ask for the pull round only (`hooks=False`).
 """
 
 import logging
+from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
@@ -36,9 +42,10 @@ def on_sync(hook):
     return hook
 
 
-def sync_cluster(cluster):
-    """Pull the cluster's nodes and jobs from Slurm into the database. Returns "" when Slurm answered,
-    else why not (the rows keep their last known state, and the cluster's SlurmSync says since when).
+def sync_cluster(cluster, *, hooks=True):
+    """Pull the cluster's nodes and jobs from Slurm into the database, then (unless hooks=False) run the
+    hooks round. Returns "" when Slurm answered, else why not (the rows keep their last known state,
+    and the cluster's SlurmSync says since when).
 
     A sync that another worker holds is not repeated: this returns that sync's last known error."""
     if cluster.status not in ClusterStatus.synced():
@@ -50,24 +57,48 @@ def sync_cluster(cluster):
     if not SlurmSync.objects.filter(free, pk=cluster.pk).update(claimed_until=lease, attempted=now):
         return state.error
     try:
-        backend = get_backend(cluster.backend)
-        try:
-            statuses = backend.node_statuses(cluster)
-            jobs = backend.jobs(cluster)
-        except (BackendError, OSError, ValueError) as exc:
-            return failed(cluster, f"Slurm is not answering: {exc}", now)
-        nodes_written = write_nodes(cluster, statuses, now)
-        jobs_written = write_jobs(cluster, jobs, now)
-        recovered(cluster, now)
-        SlurmSync.objects.filter(pk=cluster.pk).update(
-            synced=now, error="", nodes_written=nodes_written, jobs_written=jobs_written
-        )
-        by_id = {job.job_id: job for job in jobs}
-        for hook in HOOKS:
-            hook(cluster, by_id)
-        return ""
+        error, jobs = pull(cluster, now)
+        if hooks and not error:
+            run_hooks(cluster, jobs)
+        return error
     finally:
         SlurmSync.objects.filter(pk=cluster.pk, claimed_until=lease).update(claimed_until=None)
+
+
+def pull(cluster, now):
+    """The pull round: ("", {job_id: JobStatus}) once the rows hold what Slurm said, or (why not, None)."""
+    backend = get_backend(cluster.backend)
+    try:
+        statuses = backend.node_statuses(cluster)
+        jobs = backend.jobs(cluster)
+    except (BackendError, OSError, ValueError) as exc:
+        return failed(cluster, f"Slurm is not answering: {exc}", now), None
+    nodes_written = write_nodes(cluster, statuses, now)
+    jobs_written = write_jobs(cluster, jobs, now)
+    recovered(cluster, now)
+    SlurmSync.objects.filter(pk=cluster.pk).update(
+        synced=now, error="", nodes_written=nodes_written, jobs_written=jobs_written
+    )
+    return "", {job.job_id: job for job in jobs}
+
+
+HOOK_FAILURE_QUIET = timedelta(minutes=10)  # one timeline entry per failing hook and message in this long
+
+
+def run_hooks(cluster, jobs):
+    """The hooks round: each hook sees the rows the pull wrote; one that raises does not stop the others."""
+    for hook in HOOKS:
+        try:
+            hook(cluster, jobs)
+        except SoftTimeLimitExceeded:
+            raise  # the task's own time is up: stop here, the next sync goes on
+        except Exception as exc:
+            name = f"{hook.__module__}.{hook.__qualname__}"
+            log.exception("sync hook %s failed on %s", name, cluster)
+            message = f"After the Slurm sync, {name} failed: {type(exc).__name__}: {exc}"[:500]
+            recent = timezone.now() - HOOK_FAILURE_QUIET
+            if not cluster.events.filter(message=message, created__gte=recent).exists():
+                record_event(cluster, message, level=EventLevel.ERROR)
 
 
 def failed(cluster, message, now):
@@ -90,22 +121,23 @@ def recovered(cluster, now):
 
 
 def write_nodes(cluster, statuses, now):
-    """Store each compute node's Slurm state where it changed; slurm_seen is when it last changed."""
-    reported = {status.name: status for status in statuses}
-    changed = []
-    rows = cluster.nodes.filter(node_pool__role=NodeRole.COMPUTE).only(
-        "pk", "cluster", "name", "slurm_state", "slurm_reason"
+    """Store each compute node's Slurm state where it changed (one UPDATE per distinct state and
+    reason); slurm_seen is when it last changed."""
+    reported = {status.name: (status.display_state[:64], status.reason[:500]) for status in statuses}
+    changed = defaultdict(list)
+    rows = cluster.nodes.filter(node_pool__role=NodeRole.COMPUTE).values_list(
+        "pk", "name", "slurm_state", "slurm_reason"
     )
-    for node in rows:
-        status = reported.get(node.name)
-        if status is None:
-            continue
-        state, reason = status.display_state[:64], status.reason[:500]
-        if (node.slurm_state, node.slurm_reason) != (state, reason):
-            node.slurm_state, node.slurm_reason, node.slurm_seen = state, reason, now
-            changed.append(node)
-    Node.objects.bulk_update(changed, ["slurm_state", "slurm_reason", "slurm_seen"], batch_size=CHUNK)
-    return len(changed)
+    for pk, name, state, reason in rows:
+        wanted = reported.get(name)
+        if wanted is not None and (state, reason) != wanted:
+            changed[wanted].append(pk)
+    for (state, reason), pks in changed.items():
+        for start in range(0, len(pks), CHUNK):
+            Node.objects.filter(pk__in=pks[start : start + CHUNK]).update(
+                slurm_state=state, slurm_reason=reason, slurm_seen=now
+            )
+    return sum(len(pks) for pks in changed.values())
 
 
 def job_fields(job):
@@ -143,28 +175,29 @@ JOB_FIELDS = [
 
 
 def write_jobs(cluster, jobs, now):
-    """Insert new jobs, update the ones whose fields changed (their `seen` with them), and mark active
+    """Upsert the jobs that are new or whose fields changed (their `seen` with them), and mark active
     jobs Slurm no longer reports as UNKNOWN; returns how many rows were written."""
     fields = {job.job_id: job_fields(job) for job in jobs}
     ids = list(fields)
     known = {}
     for start in range(0, len(ids), CHUNK):
-        for row in cluster.slurm_jobs.filter(job_id__in=ids[start : start + CHUNK]).only(
-            "pk", "cluster", "job_id", *JOB_FIELDS
+        for job_id, *values in cluster.slurm_jobs.filter(job_id__in=ids[start : start + CHUNK]).values_list(
+            "job_id", *JOB_FIELDS
         ):
-            known[row.job_id] = row
-    new = [SlurmJob(cluster=cluster, job_id=i, seen=now, **values) for i, values in fields.items() if i not in known]
-    changed = []
-    for job_id, row in known.items():
-        values = fields[job_id]
-        if any(getattr(row, key) != value for key, value in values.items()):
-            for key, value in values.items():
-                setattr(row, key, value)
-            row.seen = now
-            changed.append(row)
-    SlurmJob.objects.bulk_create(new, batch_size=CHUNK, ignore_conflicts=True)
-    SlurmJob.objects.bulk_update(changed, [*JOB_FIELDS, "seen"], batch_size=CHUNK)
-    return len(new) + len(changed) + mark_lost(cluster, set(fields), now)
+            known[job_id] = tuple(values)
+    written = [
+        SlurmJob(cluster=cluster, job_id=job_id, seen=now, **values)
+        for job_id, values in fields.items()
+        if known.get(job_id) != tuple(values[key] for key in JOB_FIELDS)
+    ]
+    SlurmJob.objects.bulk_create(
+        written,
+        batch_size=CHUNK,
+        update_conflicts=True,
+        unique_fields=["cluster", "job_id"],
+        update_fields=[*JOB_FIELDS, "seen"],
+    )
+    return len(written) + mark_lost(cluster, set(fields), now)
 
 
 def mark_lost(cluster, live, now):

@@ -1,4 +1,6 @@
-"""A batch script's `#SBATCH` directives as the job properties slurmrestd's submit takes.
+"""The console's batch scripts: `render()` writes every one (health scans, recipe runs, serving
+replicas), and `job_properties()` reads a script's `#SBATCH` directives as the job properties
+slurmrestd's submit takes.
 
 slurmrestd v0.0.38 (Slurm 22.05) runs the script it is given but ignores the `#SBATCH` lines in it:
 the job's options must come in the request's "job" object. `job_properties(script)` reads the
@@ -122,3 +124,35 @@ def job_properties(script):
             else:
                 job[key] = value
     return job
+
+
+def render(options, *, body, environment=None, folder=None):
+    """A batch script: `#SBATCH` lines from `options` (sbatch's long names without the dashes; a value
+    of True is a flag, None or False leaves the option out), then `set -euo pipefail`, `environment`
+    exported ({name: value}, each value quoted), `cd folder` when given, and the `body` lines.
+
+    Every option is one the submit can pass on (OPTIONS, FLAGS): a script the console writes is never
+    one that job_properties() would refuse."""
+    lines = ["#!/bin/bash"]
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        if name not in OPTIONS and name not in FLAGS:
+            raise ValueError(f"--{name} is not an option the console can submit")
+        if value is True:
+            if name not in FLAGS:
+                raise ValueError(f"--{name} needs a value")
+            lines.append(f"#SBATCH --{name}")
+        else:
+            text = str(value)
+            if not text or any(c.isspace() for c in text):
+                raise ValueError(f"--{name} must be one word, not {text!r}")
+            lines.append(f"#SBATCH --{name}={text}")
+    lines.append("set -euo pipefail")
+    if environment:
+        lines.append("export " + " ".join(f"{key}={shlex.quote(str(value))}" for key, value in environment.items()))
+    if folder:
+        lines.append(f"cd {shlex.quote(str(folder))}")
+    lines.extend(body)
+    lines.append("")
+    return "\n".join(lines)

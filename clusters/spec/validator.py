@@ -17,6 +17,7 @@ BOOT_DISK_TYPES = ("pd-standard", "pd-balanced", "pd-ssd", "hyperdisk-balanced",
 # \Z, not $: `$` also matches before a trailing newline, so "demo\n" would pass as an id.
 DISPLAY_NAME = re.compile(r"[a-z][a-z0-9]{0,9}\Z")
 RESOURCE_ID = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+ID_RULE = "must be lowercase letters, digits and hyphens, starting with a letter"  # RESOURCE_ID in words
 ZONE = re.compile(r"(?P<region>[a-z]+-[a-z]+[0-9]+)-[a-z]\Z")
 # Bounds that keep every number inside what the database and the clouds hold. Node counts per pool:
 # the console's own sanity bound (the project quota is the real limit); boot disks: Compute Engine's
@@ -222,7 +223,7 @@ def validate_node_pools(errors, value):
         pool_id = pool.get("id")
         if pool_id is not None:
             if not isinstance(pool_id, str) or not RESOURCE_ID.match(pool_id):
-                errors.add(f"{path}.id", "must be lowercase letters, digits and hyphens, starting with a letter")
+                errors.add(f"{path}.id", ID_RULE)
             elif pool_id in pools:
                 errors.add(f"{path}.id", f"duplicate node pool id '{pool_id}'")
             else:
@@ -355,7 +356,7 @@ def validate_slurm(errors, value, pools):
         pid = partition.get("id")
         if pid is not None:
             if not isinstance(pid, str) or not RESOURCE_ID.match(pid):
-                errors.add(f"{ppath}.id", "must be lowercase letters, digits and hyphens, starting with a letter")
+                errors.add(f"{ppath}.id", ID_RULE)
             elif pid in seen:
                 errors.add(f"{ppath}.id", f"duplicate partition id '{pid}'")
             else:

@@ -1,10 +1,12 @@
-"""The recipe catalog: one JSON file per recipe in this folder, validated when first loaded."""
+"""The recipe catalog: one JSON file per recipe in this folder, validated when first loaded, beside
+hardware.json (the GPUs' memory and peak throughput, with sources; recipes/runs/fit.py reads it)."""
 
 import json
 from functools import cache
 from pathlib import Path
 
 FOLDER = Path(__file__).resolve().parent
+HARDWARE = FOLDER / "hardware.json"
 KINDS = ("pretrain", "cpt", "sft", "rl")
 FAMILIES = ("llama", "gemma")
 REQUIRED = {
@@ -59,7 +61,11 @@ def check(recipe, path):
 @cache
 def recipes():
     """{id: recipe}, sorted by id."""
-    return {path.stem: check(json.loads(path.read_text()), path) for path in sorted(FOLDER.glob("*.json"))}
+    return {
+        path.stem: check(json.loads(path.read_text()), path)
+        for path in sorted(FOLDER.glob("*.json"))
+        if path != HARDWARE
+    }
 
 
 def get_recipe(recipe_id):

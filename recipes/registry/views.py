@@ -2,18 +2,19 @@
 aliases, a version with its metrics, params and lineage, two versions compared. Everything a page
 changes goes through recipes.registry (MLflow behind it)."""
 
-from django.contrib import messages
 from django.db.models import Count, Max, Q
 from django.http import Http404
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from console import access
+from clusters import access
+from console.actions import act
 from console.charts import line_chart
-from console.errors import ConsoleError, page_message
+from console.errors import ConsoleError
 
-from . import registry
-from .models import ModelVersion
+from .. import registry
+from ..models import ModelVersion
 
 
 def model_list(request):
@@ -116,29 +117,32 @@ def compare(request, project, name):
 def alias_change(request, project, name):
     project, _ = versions_of(request, project, name, access.RUN)
     alias = request.POST.get("alias", "").strip()
-    try:
-        if request.POST.get("action") == "remove":
-            registry.remove_alias(project, name, alias)
-            messages.success(request, f"Removed the alias {alias}.")
-        else:
-            version = registry.set_alias(project, name, alias, request.POST.get("version"), user=request.user)
-            messages.success(request, f"{alias} now points at {version.ref}.")
-    except ConsoleError as exc:
-        messages.error(request, page_message(exc))
-    return redirect("model-detail", project.slug, name)
+    then = reverse("model-detail", args=[project.slug, name])
+    if request.POST.get("action") == "remove":
+        return act(request, lambda: registry.remove_alias(project, name, alias), done=f"Removed the alias {alias}.",
+                   then=then)  # fmt: skip
+    return act(
+        request,
+        lambda: registry.set_alias(project, name, alias, request.POST.get("version"), user=request.user),
+        done=lambda version: f"{alias} now points at {version.ref}.",
+        then=then,
+    )
 
 
 @require_POST
 def version_delete(request, project, name, version):
     project = access.project(request.user, project, access.RUN)
     found = get_object_or_404(ModelVersion, project=project, name=name, version=version)
-    try:
-        held = registry.delete_version(found)
-    except ConsoleError as exc:
-        messages.error(request, page_message(exc))
-        return redirect(found)
-    note = f" (it held {', '.join(held)})" if held else ""
-    messages.success(request, f"Deleted {found.ref}{note}.")
-    if ModelVersion.objects.filter(project=project, name=name).exists():
-        return redirect("model-detail", project.slug, name)
-    return redirect("model-list")
+
+    def remaining(_held):
+        if ModelVersion.objects.filter(project=project, name=name).exists():
+            return reverse("model-detail", args=[project.slug, name])
+        return reverse("model-list")
+
+    return act(
+        request,
+        lambda: registry.delete_version(found),
+        done=lambda held: f"Deleted {found.ref}" + (f" (it held {', '.join(held)})." if held else "."),
+        then=remaining,
+        failed_then=found,
+    )

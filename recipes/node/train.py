@@ -1,4 +1,4 @@
-"""The one training entry point every recipe runs through, under Slurm (`srun python -m recipes.train`).
+"""The one training entry point every recipe runs through, under Slurm (`srun python -m recipes.node.train`).
 
 It reads the resolved run config (a JSON file the console writes), builds the recipe's model from
 transformers' Llama / Gemma config classes, and trains with torch.distributed: NCCL when GPUs exist,
@@ -227,14 +227,14 @@ def flops_per_token(model_config, seq_len, parameters):
 
 
 def train(config):
-    """Pretraining, continued pretraining and SFT on the recipe's mesh (recipes/distributed.py): each
+    """Pretraining, continued pretraining and SFT on the recipe's mesh (recipes/node/distributed.py): each
     global batch is split over the data-parallel ranks and accumulated in micro-batches; the loss is
     the mean over the global batch's tokens, the same at any world size."""
     import torch
     from torch.utils.tensorboard import SummaryWriter
 
     from clusters.rendezvous import dist_env
-    from recipes import distributed
+    from recipes.node import distributed
 
     rank, world, local_rank = dist_env()
     use_gpu = torch.cuda.is_available() and config.get("device", "auto") != "cpu"
@@ -448,7 +448,7 @@ def hf_tokenizer():
 
 
 def word_reward(completions, answers, **kwargs):
-    """The shipped verifiable reward of the tiny GRPO task (recipes/data/colours.jsonl: "name a
+    """The shipped verifiable reward of the tiny GRPO task (recipes/node/data/colours.jsonl: "name a
     colour"), from 0 to 1: 1 for an answer that starts with one of the accepted words, else how much of
     the closest one it starts with, character by character (a gradient from the first letter on)."""
     rewards = []
@@ -477,7 +477,7 @@ def train_rl(config):
     from torch.utils.tensorboard import SummaryWriter
     from transformers import TrainerCallback
 
-    from recipes import distributed
+    from recipes.node import distributed
 
     out = Path(config["output_dir"])
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -576,7 +576,7 @@ def export(config, checkpoint, folder, **about):
     tokenizer): what `init_from: "hf:<folder>"` reads, what the registry stores, and what transformers
     and vLLM load. One process holds the whole model (in fp32): fine for the tiny profiles; a 70B
     exports from its sharded checkpoint with `--export` on a node with the memory for it."""
-    from recipes import distributed
+    from recipes.node import distributed
 
     model = build_model(config)
     step = distributed.load_weights(checkpoint, model)

@@ -1,18 +1,21 @@
 """Inference endpoint pages: the endpoints of the user's projects, a create form, and an endpoint's page
 (replicas, live charts of the router's samples, timeline, how to call it, deploy/scale/delete)."""
 
+from datetime import datetime
+
 from django.conf import settings
 from django.contrib import messages
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from console import access
+from clusters import access
+from console.actions import act
 from console.charts import line_chart
-from console.errors import ConsoleError, FieldErrors, page_message
+from console.errors import ConsoleError, FieldErrors
 from console.htmx import render_fragment
 
-from . import endpoints
-from .models import Endpoint, EndpointStatus, ModelVersion, ReplicaState
+from .. import serving
+from ..models import Endpoint, EndpointStatus, ModelVersion, ReplicaState
 
 FIELDS = ("project", "name", "cluster", "model", "version", "alias", "min_replicas", "max_replicas",
           "target_in_flight", "target_p95_ms")  # fmt: skip
@@ -37,7 +40,7 @@ def endpoint_new(request):
             errors = {"project": ["choose one of your projects where you may run work"]}
         else:
             try:
-                endpoint = endpoints.create_endpoint(project, form, user=request.user)
+                endpoint = serving.create_endpoint(project, form, user=request.user)
             except FieldErrors as exc:
                 errors = exc.errors
             except ConsoleError as exc:
@@ -55,15 +58,13 @@ def endpoint_new(request):
 
 
 def endpoint_for(request, project, name, permission=access.GET):
-    return endpoints.live_endpoint(access.project(request.user, project, permission), name)
+    return serving.live_endpoint(access.project(request.user, project, permission), name)
 
 
 def charts(endpoint):
-    rows = endpoints.series(endpoint, minutes=30)
+    rows = serving.series(endpoint, minutes=30)
     if not rows:
         return {}
-    from datetime import datetime
-
     start = datetime.fromisoformat(rows[0]["time"])
     for row in rows:
         row["step"] = round((datetime.fromisoformat(row["time"]) - start).total_seconds())
@@ -108,18 +109,21 @@ def endpoint_live(request, project, name):
 def endpoint_change(request, project, name):
     endpoint = endpoint_for(request, project, name, access.RUN)
     data = {k: request.POST.get(k, "").strip() for k in FIELDS if request.POST.get(k, "").strip()}
-    try:
-        endpoints.change_endpoint(endpoint, data, user=request.user)
-    except ConsoleError as exc:
-        messages.error(request, page_message(exc))
-    else:
-        messages.success(request, f"Deploying {endpoint.target}; new replicas start before the old ones drain.")
-    return redirect(endpoint)
+    return act(
+        request,
+        lambda: serving.change_endpoint(endpoint, data, user=request.user),
+        done=lambda changed: f"Deploying {changed.target}; new replicas start before the old ones drain.",
+        then=endpoint,
+    )
 
 
 @require_POST
 def endpoint_delete(request, project, name):
     endpoint = endpoint_for(request, project, name, access.RUN)
-    endpoints.delete_endpoint(endpoint, user=request.user)
-    messages.success(request, f"Deleting {endpoint.name}: its replicas stop.")
-    return redirect("endpoint-list")
+    return act(
+        request,
+        lambda: serving.delete_endpoint(endpoint, user=request.user),
+        done=f"Deleting {endpoint.name}: its replicas stop.",
+        then="endpoint-list",
+        failed_then=endpoint,
+    )

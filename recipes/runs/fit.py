@@ -14,13 +14,14 @@ layout recipes/distributed.py builds; pipeline stages fold into data parallelism
 - the logits: b x s x vocabulary x 10 bytes (bf16 logits, their fp32 copy for the loss, its gradient);
 - 2 GB for the CUDA context and communication buffers, and 10% for the allocator's fragmentation.
 
-The GPUs' memory and peak throughput come from recipes/hardware.json (with its sources).
+The GPUs' memory and peak throughput come from recipes/catalog/hardware.json (with its sources).
 """
 
 import json
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
+
+from ..catalog import HARDWARE
 
 GB = 1e9
 CONTEXT_BYTES = 2 * GB
@@ -29,10 +30,10 @@ FRAGMENTATION = 0.10
 
 @cache
 def hardware():
-    data = json.loads((Path(__file__).resolve().parent / "hardware.json").read_text())
+    data = json.loads(HARDWARE.read_text())
     for name, gpu in data.items():
         if not name.startswith("_") and not {"memory_gb", "bf16_tflops", "fp8_tflops"} <= set(gpu):
-            raise ValueError(f"recipes/hardware.json: {name} lacks memory_gb, bf16_tflops or fp8_tflops")
+            raise ValueError(f"recipes/catalog/hardware.json: {name} lacks memory_gb, bf16_tflops or fp8_tflops")
     return {name: gpu for name, gpu in data.items() if not name.startswith("_")}
 
 

@@ -21,10 +21,11 @@ PermissionDenied (403, and PERMISSION_DENIED on v1beta1) naming the role it need
 
 from django.http import Http404
 
-from clusters.choices import ClusterStatus, Role
-from clusters.models import Cluster, Membership, Project
+from console.errors import PermissionDenied
+from console.models import APIToken
 
-from .errors import PermissionDenied
+from .choices import ClusterStatus, Role
+from .models import Cluster, Membership, Project
 
 GET = "modelDevelopmentClusters.get"
 LIST = "modelDevelopmentClusters.list"
@@ -141,3 +142,14 @@ def draft(user, project_slug, name):
         raise Http404(f"No draft {project_slug}/{name}")
     check(user, found.project, CREATE)
     return found
+
+
+def token_projects(raw):
+    """(user id, {ids of the projects it may read}) for a raw bearer token, after its limits (one project,
+    expiry), or None when it authenticates no one: the router's check, the same rule as every page's."""
+    token = APIToken.authenticate(raw)
+    if token is None:
+        return None
+    user = token.user
+    user.api_token = token
+    return user.pk, set(projects(user, GET).values_list("pk", flat=True))

@@ -1,9 +1,9 @@
-"""Launching recipes as Slurm jobs, following them, and cancelling them.
+"""Launching recipes as Slurm jobs.
 
-A launch validates the request against the recipe and the cluster (partition, node count, GPUs),
-resolves the run config train.py reads, renders the sbatch script (the same one a user could submit
-from the login shell), writes both to the cluster's shared folder and submits. Run status follows
-Slurm's job state and is recorded in the console's database, so history survives a controller restart.
+A launch validates the request against the recipe and the cluster (partition, node count, GPUs, the
+memory fit), resolves the run config recipes/node/train.py reads, renders the sbatch script (the same
+one a user could submit from the login shell), writes both to the cluster's shared folder and submits.
+Following the job is recipes/runs/follow.py's.
 """
 
 import json
@@ -11,36 +11,25 @@ import os
 import re
 import shlex
 import sys
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from django.db import transaction
-from django.utils import timezone
 
 from clusters import services as clusters
-from clusters.choices import EventLevel
 from clusters.events import record_event
-from clusters.slurm import states
-from clusters.spec.validator import RESOURCE_ID
+from clusters.slurm import batch
+from clusters.spec.validator import ID_RULE, RESOURCE_ID
 from console.errors import Conflict, ConsoleError, FieldErrors
+from console.fields import whole_number
 
-from . import fit, registry
-from .catalog import get_recipe, recipes
-from .models import ModelVersion, Run, RunMetric, RunStatus
-from .partitions import partition_shape
-
-
-def run_status(job_state):
-    """The run status a Slurm job state means (states: clusters.slurm.states)."""
-    if job_state in states.JOB_COMPLETED:
-        return RunStatus.COMPLETED
-    if job_state in states.JOB_CANCELLED:
-        return RunStatus.CANCELLED
-    if job_state in states.JOB_FAILED:
-        return RunStatus.FAILED
-    if job_state in states.JOB_RUNNING:
-        return RunStatus.RUNNING
-    return RunStatus.QUEUED
+from .. import registry
+from ..catalog import get_recipe, recipes
+from ..models import ModelVersion, Run
+from ..partitions import partition_shape
+from . import fit
+from .follow import in_run, latest_checkpoint
 
 
 def layout_of(recipe, profile, nodes, errors):
@@ -68,8 +57,9 @@ def layout_of(recipe, profile, nodes, errors):
     return ranks, tensor, data, global_batch // (profile["micro_batch"] * data), global_batch
 
 
-def validate_launch(cluster, data):
-    """The checked launch request, or FieldErrors naming each bad field."""
+def validate_launch(cluster, data, *, stage=True):
+    """The checked launch request, or FieldErrors naming each bad field. With stage=False (a preview)
+    nothing is written anywhere: a registered version is read from the registry, not copied."""
     errors = {}
     recipe = get_recipe(data.get("recipe", ""))
     if recipe is None:
@@ -83,8 +73,8 @@ def validate_launch(cluster, data):
     shape = partition_shape(cluster, partition)
     if shape is None:
         errors["partition"] = [f"the cluster has no partition '{partition}'"]
-    nodes = to_int(data.get("nodes", profile["nodes"] if profile else 1), "nodes", errors, minimum=1)
-    steps = to_int(data.get("steps", profile["steps"] if profile else 1), "steps", errors, minimum=1)
+    nodes = whole_number(data.get("nodes", profile["nodes"] if profile else 1), "nodes", errors, low=1)
+    steps = whole_number(data.get("steps", profile["steps"] if profile else 1), "steps", errors, low=1)
     if recipe and recipe["kind"] == "rl" and nodes and nodes > 1:
         errors.setdefault("nodes", []).append(f"{recipe['name']} trains in one process, on one node")
     if shape and nodes is not None and nodes > shape[0]:
@@ -96,7 +86,7 @@ def validate_launch(cluster, data):
         )
     init_from = None
     if recipe and recipe["kind"] in ("cpt", "sft", "rl"):
-        init_from, problem = checkpoint_source(cluster, recipe, data.get("init_from"))
+        init_from, problem = checkpoint_source(cluster, recipe, data.get("init_from"), stage)
         if problem:
             errors["init_from"] = [problem]
     if isinstance(init_from, HubFolder) and profile:
@@ -157,7 +147,7 @@ def registration(recipe, data, errors):
         return None
     name = (data.get("register_as") or "").strip() or re.sub(r"[^a-z0-9-]+", "-", recipe["id"].lower()).strip("-")
     if not RESOURCE_ID.match(name):
-        errors["register_as"] = ["must be lowercase letters, digits and hyphens, starting with a letter"]
+        errors["register_as"] = [ID_RULE]
         return None
     return name
 
@@ -198,13 +188,27 @@ def hub_folder(cluster, recipe, path):
         tokenizer = clusters.list_files(cluster, path, "tokenizer*.json")
     except (ConsoleError, ValueError) as exc:
         return None, f"{path} cannot be read: {getattr(exc, 'message', exc)}"
+    if not weights or not tokenizer:
+        return None, f"{path} needs its weights (*.safetensors) and its tokenizer (tokenizer.json)"
+    shape, problem = hub_shape(config, recipe, path)
+    if problem:
+        return None, problem
+    step = 0
+    try:
+        if clusters.file_exists(cluster, f"{path}/tcc.json"):  # a run's export: its step
+            step = int(json.loads(clusters.read_file(cluster, f"{path}/tcc.json")).get("step") or 0)
+    except (ConsoleError, ValueError, TypeError, AttributeError):
+        step = 0
+    return HubFolder(path, shape, step), ""
+
+
+def hub_shape(config, recipe, path):
+    """(shape in the catalog's terms, problem) of a Hugging Face config.json's model."""
     family = HUB_FAMILIES.get(config.get("model_type"))
     if family is None:
         return None, f"{path} holds a {config.get('model_type')!r} model; recipes train {', '.join(HUB_FAMILIES)}"
     if family != recipe["family"]:
         return None, f"{path} holds a {family} model; this recipe trains {recipe['family']}"
-    if not weights or not tokenizer:
-        return None, f"{path} needs its weights (*.safetensors) and its tokenizer (tokenizer.json)"
     heads = config.get("num_attention_heads", 1)
     shape = {
         "hidden_size": config.get("hidden_size"),
@@ -217,16 +221,29 @@ def hub_folder(cluster, recipe, path):
     }
     if not all(isinstance(v, int) and v > 0 for v in shape.values()):
         return None, f"{path}/config.json lacks the model's shape (hidden_size, num_hidden_layers, ...)"
-    step = 0
+    return shape, ""
+
+
+def registered_source(cluster, recipe, version, stage):
+    """(HubFolder, problem) of a registered version: staged onto the cluster when `stage`; a preview
+    (stage=False) reads its config.json from the registry and writes nothing anywhere."""
+    path = registry.staged_path(version)
+    if not stage:
+        try:
+            config = registry.version_config(version)
+        except ConsoleError as exc:
+            return None, f"{version.ref} cannot be read from the registry: {exc.message}"
+        shape, problem = hub_shape(config, recipe, version.ref)
+        return (HubFolder(path, shape, version.step, version) if shape else None), problem
     try:
-        if clusters.file_exists(cluster, f"{path}/tcc.json"):  # a run's export: its step
-            step = int(json.loads(clusters.read_file(cluster, f"{path}/tcc.json")).get("step") or 0)
-    except (ConsoleError, ValueError, TypeError, AttributeError):
-        step = 0
-    return HubFolder(path, shape, step), ""
+        path = registry.stage(version, cluster)
+    except ConsoleError as exc:
+        return None, f"{version.ref} could not be copied onto the cluster: {exc.message}"
+    folder, problem = hub_folder(cluster, recipe, path)
+    return (replace(folder, version=version) if folder else None), problem
 
 
-def checkpoint_source(cluster, recipe, source):
+def checkpoint_source(cluster, recipe, source, stage=True):
     """(source, problem): what continued pretraining, SFT or RL starts from (a run id, a registered model
     version "name:vN" or "name@alias", copied from the registry into the cluster's shared home, or a
     Hugging Face format folder "hf:<folder in the shared home>"), or why it cannot."""
@@ -239,12 +256,7 @@ def checkpoint_source(cluster, recipe, source):
             return None, exc.errors["init_from"][0]
         if version.family != recipe["family"]:
             return None, f"{version.ref} is a {version.family} model; this recipe trains {recipe['family']}"
-        try:
-            path = registry.stage(version, cluster)
-        except ConsoleError as exc:
-            return None, f"{version.ref} could not be copied onto the cluster: {exc.message}"
-        folder, problem = hub_folder(cluster, recipe, path)
-        return (replace(folder, version=version) if folder else None), problem
+        return registered_source(cluster, recipe, version, stage)
     run = None
     if is_uuid(source):
         run = Run.objects.filter(uuid=source, cluster__project=cluster.project).first()
@@ -267,47 +279,11 @@ def checkpoint_source(cluster, recipe, source):
 
 
 def is_uuid(value):
-    import uuid
-
     try:
         uuid.UUID(str(value))
     except ValueError:
         return False
     return True
-
-
-def to_int(value, field, errors, minimum):
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        errors.setdefault(field, []).append("must be a whole number")
-        return None
-    if number < minimum:
-        errors.setdefault(field, []).append(f"must be at least {minimum}")
-        return None
-    return number
-
-
-def in_run(run, *parts):
-    """A path in the run's folder relative to the cluster's shared home, for the cluster agent."""
-    return run.in_home(*parts)
-
-
-def latest_checkpoint(run):
-    """(absolute path on the cluster, saved step) of the run's newest checkpoint, or None."""
-    names = [n for n in clusters.list_files(run.cluster, in_run(run, "checkpoints"), "step-*") if n[5:].isdigit()]
-    if not names:
-        return None
-    name = max(names, key=lambda n: int(n[5:]))
-    meta = json.loads(clusters.read_file(run.cluster, in_run(run, "checkpoints", name, "meta.json")))
-    return Path(run.work_dir) / "checkpoints" / name, meta["step"]
-
-
-def result_of(run):
-    """The run's result.json as a dict, or None while it has none."""
-    if not clusters.file_exists(run.cluster, in_run(run, "result.json")):
-        return None
-    return json.loads(clusters.read_file(run.cluster, in_run(run, "result.json")))
 
 
 def resolve_config(launch, work_dir, runtime):
@@ -365,32 +341,28 @@ def render_script(run_name, launch, work_dir, runtime):
     """The sbatch script: one task per GPU (or per CPU rank of a tiny profile), requeued on node failure,
     output appended across requeues; it starts the console's training entry point from the runtime in
     the cluster's home."""
-    python = shlex.quote(runtime.python)
-    cache = shlex.quote(str(work_dir / ".cache"))
-    return "\n".join(
-        [
-            "#!/bin/bash",
-            f"#SBATCH --job-name={run_name}",
-            f"#SBATCH --partition={launch['partition']}",
-            f"#SBATCH --nodes={launch['nodes']}",
-            f"#SBATCH --ntasks-per-node={launch['ranks_per_node']}",
-            *([f"#SBATCH --gpus-per-node={launch['gpus_per_node']}"] if launch["gpus_per_node"] else []),
-            f"#SBATCH --output={work_dir}/slurm-%j.out",
-            "#SBATCH --open-mode=append",
-            "#SBATCH --requeue",
-            "set -euo pipefail",
-            # The job runs as its user's account: caches go in the run's folder, not a home it may lack.
-            f"export XDG_CACHE_HOME={cache} HF_HOME={cache}/huggingface",
-            f"cd {shlex.quote(runtime.folder)}",
-            f"srun {python} -m recipes.train {shlex.quote(str(work_dir / 'config.json'))}",
-            "",
-        ]
+    cache = work_dir / ".cache"
+    return batch.render(
+        {
+            "job-name": run_name,
+            "partition": launch["partition"],
+            "nodes": launch["nodes"],
+            "ntasks-per-node": launch["ranks_per_node"],
+            "gpus-per-node": launch["gpus_per_node"] or None,
+            "output": f"{work_dir}/slurm-%j.out",
+            "open-mode": "append",
+            "requeue": True,
+        },
+        # The job runs as its user's account: caches go in the run's folder, not a home it may lack.
+        environment={"XDG_CACHE_HOME": cache, "HF_HOME": cache / "huggingface"},
+        folder=runtime.folder,
+        body=[f"srun {shlex.quote(runtime.python)} -m recipes.node.train {shlex.quote(str(work_dir / 'config.json'))}"],
     )
 
 
 def preview(cluster, data):
     """(launch, script) without submitting: what the launch page shows before Submit."""
-    launch = validate_launch(cluster, data)
+    launch = validate_launch(cluster, data, stage=False)
     try:
         work_dir = run_dir(cluster, "<run-id>")
         runtime = clusters.node_runtime(cluster, installed=False)
@@ -465,179 +437,3 @@ def launch_run(*, cluster, data, user=None):
             f"Run {run.recipe_id} ({run.profile}) submitted as Slurm job {run.slurm_job_id} by {user or 'system'}",
         )
     return run
-
-
-def sync_runs(cluster, jobs):
-    """The Slurm sync's hook (clusters.services.on_sync): store the progress of each active run of the
-    cluster and follow its job in `jobs` ({job_id: JobStatus}, Slurm's queue at this sync)."""
-    for run in cluster.runs.filter(status__in=RunStatus.active()):
-        stored = read_progress(run)  # first: a job Slurm already reports ended has written all it will
-        try:
-            follow_run(run, jobs.get(run.slurm_job_id))
-        except ConsoleError:
-            continue  # the agent is not answering: judge the run at the next sync
-        finally:
-            registry.after_sync(run, stored, run.is_done)  # MLflow hears of it (in a task)
-
-
-def refresh_run(run):
-    """Ask Slurm for this one run's job now and store what it says (for scripts and tests; pages and
-    the API read what the sync stored)."""
-    if run.is_done or run.slurm_job_id is None:
-        return run
-    try:
-        job = clusters.job_status(run.cluster, run.slurm_job_id)
-    except ConsoleError:
-        return run  # Slurm unreachable: keep what we know
-    read_progress(run)
-    return follow_run(run, job)
-
-
-def read_progress(run):
-    """Store the metrics lines the run appended since the last read, and its log's tail (through the
-    cluster agent); a silent agent leaves both as they were."""
-    try:
-        chunk = clusters.read_file(run.cluster, in_run(run, "metrics.jsonl"), run.metrics_offset, METRICS_READ_BYTES)
-    except ConsoleError:
-        chunk = None  # no metrics yet, or the agent is not answering
-    try:
-        logs = clusters.list_files(run.cluster, in_run(run), "slurm-*.out")
-        log = clusters.tail_file(run.cluster, in_run(run, logs[-1]), LOG_TAIL_LINES) if logs else ""
-    except ConsoleError:
-        log = run.log_tail
-    rows, done = [], 0
-    if chunk:
-        done = chunk.rfind(b"\n") + 1  # a line still being written waits for the next sync
-        line = run.metric_rows.count()
-        for raw in chunk[:done].splitlines():
-            try:
-                record = json.loads(raw)
-                step = int(record["step"])
-            except (ValueError, KeyError, TypeError):
-                continue  # not a metrics line: skipped, never fatal
-            rows.append(RunMetric(run=run, line=line, step=max(step, 0), values=record))
-            line += 1
-    RunMetric.objects.bulk_create(rows, ignore_conflicts=True)
-    fields = {"metrics_offset": run.metrics_offset + done, "log_tail": log, "progress_synced": timezone.now()}
-    Run.objects.filter(pk=run.pk).update(**fields)
-    for key, value in fields.items():
-        setattr(run, key, value)
-    return len(rows)
-
-
-METRICS_READ_BYTES = 4 << 20  # per sync; a longer backlog is read over the next syncs
-LOG_TAIL_LINES = 40
-
-
-def follow_run(run, job):
-    """Move the run to what its Slurm job (a JobStatus, or None once Slurm forgot it) says; a
-    transition is recorded at most once (compare-and-set)."""
-    if run.is_done:
-        return run
-    now = timezone.now()
-    if job is None:
-        # Slurm forgot the job: judge by what the run left behind.
-        new = RunStatus.COMPLETED if result_of(run) is not None else RunStatus.FAILED
-        fields = {"finished": now}
-        if new == RunStatus.FAILED:
-            fields["error"] = "Slurm no longer knows the job and it left no result"
-        moved = run.set_status(new, expected=RunStatus.active(), **fields)
-    else:
-        new = run_status(job.state)
-        if new == RunStatus.COMPLETED and result_of(run) is None:
-            new = RunStatus.FAILED  # judge success by the result, not only the exit code
-        fields = {
-            "slurm_state": job.state,
-            "slurm_reason": "" if job.reason == "None" else job.reason,
-            "exit_code": job.exit_code,
-        }
-        if new == RunStatus.RUNNING and run.started is None:
-            fields["started"] = now
-        if new in RunStatus.done():
-            fields["finished"] = now
-            if new == RunStatus.FAILED:
-                fields["error"] = f"Slurm job {job.state.lower()} (exit code {job.exit_code})"
-        if new == run.status:
-            if any(getattr(run, key) != value for key, value in fields.items()):
-                Run.objects.filter(pk=run.pk).update(**fields)
-                for key, value in fields.items():
-                    setattr(run, key, value)
-            return run
-        moved = run.set_status(new, expected=RunStatus.active(), **fields)
-    if moved:
-        level = EventLevel.ERROR if run.status == RunStatus.FAILED else EventLevel.INFO
-        record_event(
-            run.cluster,
-            f"Run {run.recipe_id} (job {run.slurm_job_id}) is {run.get_status_display().lower()}",
-            level=level,
-        )
-    return run
-
-
-def cancel_run(run):
-    if run.is_done:
-        raise Conflict(f"The run has already {run.get_status_display().lower()}")
-    try:
-        clusters.cancel_job(run.cluster, run.slurm_job_id)
-    except ConsoleError as exc:
-        raise Conflict(f"scancel failed: {exc.message}") from None
-    if run.set_status(
-        RunStatus.CANCELLED, expected=RunStatus.active(), finished=timezone.now(), slurm_state="CANCELLED"
-    ):
-        record_event(run.cluster, f"Run {run.recipe_id} (job {run.slurm_job_id}) cancelled")
-    return run
-
-
-def metrics(run, limit=None):
-    """The run's logged steps as the sync stored them, oldest first (the newest `limit` when given)."""
-    if limit:
-        return list(reversed(run.metric_rows.order_by("-line").values_list("values", flat=True)[:limit]))
-    return list(run.metric_rows.values_list("values", flat=True))
-
-
-def summary(run):
-    """Step, loss, tokens/s and ETA from the metrics the run wrote."""
-    rows = metrics(run)
-    if not rows:
-        return {}
-    last = rows[-1]
-    eta = None
-    if run.status == RunStatus.RUNNING and len(rows) > 1:
-        per_step = (rows[-1]["time"] - rows[0]["time"]) / max(1, rows[-1]["step"] - rows[0]["step"])
-        eta = round(per_step * (run.steps - last["step"]))
-    return {
-        "step": last["step"],
-        "loss": last["loss"],
-        "tokens_per_s": last["tokens_per_s"],
-        "eta_s": eta,
-        "first_loss": rows[0]["loss"],
-        "peak_memory_mb": max((r.get("peak_memory_mb") or 0) for r in rows) or None,
-        "mfu": last.get("mfu"),
-    }
-
-
-def layout_summary(run):
-    """How the run is laid out and what it was estimated to need, from its config: ranks, the mesh,
-    the batch, the precision it trains in, and the memory estimate per GPU (recipes/fit.py)."""
-    config = run.config or {}
-    parallel = config.get("parallel") or {}
-    if not parallel:
-        return {}
-    recipe = get_recipe(run.recipe_id) or {}
-    profile = (recipe.get("profiles") or {}).get(run.profile) or {}
-    ranks = run.nodes * (profile.get("ranks_per_node") or profile.get("gpus_per_node") or 1)
-    tensor = parallel.get("tensor", 1)
-    micro = config.get("micro_batch", 1)
-    asked = config.get("precision", "fp32")
-    return {
-        "ranks": ranks,
-        "tensor": tensor,
-        "data": ranks // tensor,
-        "global_batch": parallel.get("global_batch"),
-        "micro_batch": micro,
-        "accumulation": (parallel.get("global_batch") or 0) // max(1, micro * (ranks // tensor)),
-        "precision": asked,
-        # FP8 training needs torchao's float8 layers, which the nodes' runtime does not have.
-        "precision_note": "fp8 is trained in bf16 here (float8 training needs torchao)" if asked == "fp8" else "",
-        "estimate": config.get("estimate") or {},
-    }

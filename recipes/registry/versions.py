@@ -19,22 +19,23 @@ refusal a ConsoleError with MLflow's reason.
 
 import contextlib
 import json
+import os
 import re
 import tempfile
 from pathlib import Path
 
-from celery import shared_task
 from django.conf import settings
-from django.db import transaction
+from django.http import Http404
 
 from clusters import services as clusters
 from clusters.choices import EventLevel
 from clusters.events import record_event
-from clusters.spec.validator import RESOURCE_ID
+from clusters.spec.validator import ID_RULE, RESOURCE_ID
 from console.errors import Conflict, ConsoleError, FieldErrors, Unavailable
 
-from .catalog import get_recipe
-from .models import ModelVersion, Run, RunStatus
+from ..catalog import get_recipe
+from ..models import Endpoint, EndpointStatus, ModelVersion, ReplicaState, Run, RunStatus
+from ..queue import later
 
 ALIAS = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 REF = re.compile(r"^(?P<name>[a-z][a-z0-9-]*)(?::v(?P<version>\d+)|@(?P<alias>[a-z][a-z0-9_-]*))$")
@@ -47,8 +48,6 @@ class RegistryUnavailable(Unavailable):
 
 
 def client():
-    import os
-
     from mlflow import MlflowClient
 
     # One try per call, bounded: a silent server is reported, not waited on for minutes.
@@ -151,7 +150,7 @@ def track(run):
 
 def check_name(name):
     if not isinstance(name, str) or not RESOURCE_ID.match(name):
-        raise FieldErrors({"name": ["must be lowercase letters, digits and hyphens, starting with a letter"]})
+        raise FieldErrors({"name": [ID_RULE]})
 
 
 def register_run(run, name, *, user=None, automatic=False):
@@ -246,9 +245,7 @@ def publish(project, name, source, *, run_id, family, step, final_loss=None, siz
 
 def model_versions(project, name):
     """The project's versions of its model `name`, newest first (with their run, cluster and parent);
-    Http404 when it has none, as console.access answers for anything a user may not see."""
-    from django.http import Http404
-
+    Http404 when it has none, as clusters.access answers for anything a user may not see."""
     versions = ModelVersion.objects.filter(project=project, name=name).select_related("run__cluster", "parent")
     if not versions.exists():
         raise Http404("No such model")
@@ -277,10 +274,30 @@ def resolve(project, ref):
     return version
 
 
+def staged_path(version):
+    """Where stage() puts the version in a cluster's shared home."""
+    return f"models/{mlflow_name(version.project, version.name)}/v{version.version}"
+
+
+def version_config(version):
+    """The version's config.json from the registry's artifact store (read, never written anywhere but a
+    temporary folder of this process)."""
+    with tempfile.TemporaryDirectory(prefix="tcc-config-") as temporary:
+        with answering("read the model's config"):
+            if version.mlflow_run_id:
+                local = Path(client().download_artifacts(version.mlflow_run_id, "model/config.json", temporary))
+            else:
+                local = Path(download_source(f"{version.checkpoint.rstrip('/')}/config.json", temporary))
+        try:
+            return json.loads(local.read_text())
+        except (OSError, ValueError):
+            raise ConsoleError(f"{version.ref}'s artifact in the registry has no readable config.json") from None
+
+
 def stage(version, cluster):
     """The version's Hugging Face format folder in the cluster's shared home ("models/<name>/v<N>"),
     copied there from the registry the first time (a folder half copied is never seen)."""
-    path = f"models/{mlflow_name(version.project, version.name)}/v{version.version}"
+    path = staged_path(version)
     if version.mlflow_run_id:
         with answering("list the model's files"):
             files = client().list_artifacts(version.mlflow_run_id, "model")
@@ -352,8 +369,6 @@ def remove_alias(project, name, alias):
 
 def serving(version):
     """The live endpoints that serve `version`: pinned to it, or with a replica of it still running."""
-    from .models import Endpoint, EndpointStatus, ReplicaState
-
     live = Endpoint.objects.filter(status__in=EndpointStatus.live(), project=version.project)
     pinned = live.filter(model_name=version.name, version=version.version)
     replicas = live.filter(replicas__version=version, replicas__state__in=ReplicaState.running())
@@ -402,18 +417,16 @@ def run_params(version):
 
 
 def after_sync(run, stored, ended):
-    """The recipes sync hook's call: track the run in MLflow (and register it when it completed), in a
+    """The runs sync hook's call: track the run in MLflow (and register it when it completed), in a
     task once the sync's transaction commits, so that a slow or silent registry never holds the sync."""
     if stored or ended:
-        transaction.on_commit(lambda: track_run.delay(run.pk))
+        later("track_run", run.pk)
 
 
-@shared_task(
-    soft_time_limit=600, autoretry_for=(RegistryUnavailable,), retry_backoff=5, retry_kwargs={"max_retries": 8}
-)
-def track_run(run_id):
+def track_and_register(run_id):
     """Log a run's new metrics to MLflow; a completed run whose recipe registers by itself becomes the
-    next version of its model (once: compare-and-set on auto_registered)."""
+    next version of its model (once: compare-and-set on auto_registered). RegistryUnavailable is for
+    the task to retry."""
     run = Run.objects.filter(pk=run_id).select_related("cluster__project").first()
     if run is None:
         return

@@ -3,7 +3,7 @@ HTTP API, run as a Slurm job on a cluster node. CPU partitions (the tiny profile
 transformers server below; GPU partitions run vLLM's OpenAI server (`--engine vllm`), announced the
 same way.
 
-    python -m recipes.serve --model FOLDER --served-name NAME --version NAME:vN --announce FILE [--engine vllm]
+    python -m recipes.node.serve --model FOLDER --served-name NAME --version NAME:vN --announce FILE [--engine vllm]
 
     GET  /health                   200 once the model is loaded
     GET  /v1/models                {"object": "list", "data": [{"id": NAME, ...}]}

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import registry_views as views
+from . import views
 
 MODEL = "<slug:project>/<slug:name>/"
 

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import endpoint_views as views
+from . import views
 
 ENDPOINT = "<slug:project>/<slug:name>/"
 

@@ -30,6 +30,10 @@ from aiohttp import ClientConnectionError, ClientSession, ClientTimeout, web
 from django.conf import settings
 from django.utils import timezone
 
+from clusters import access
+
+from ..models import Endpoint, EndpointSample, EndpointStatus, ReplicaState
+
 log = logging.getLogger("recipes.router")
 
 
@@ -69,8 +73,6 @@ class Router:
     # -- the console's database, in a thread --------------------------------------------------
 
     def load_routes(self):
-        from .models import Endpoint, EndpointStatus, ReplicaState
-
         routes = {}
         endpoints = Endpoint.objects.filter(status__in=EndpointStatus.live()).select_related("project", "serving")
         replicas = {}
@@ -87,21 +89,10 @@ class Router:
         return routes
 
     def check_token(self, raw):
-        """(user id, {project ids the token reaches}) or None."""
-        from clusters.models import Membership
-        from console.models import APIToken
-
-        token = APIToken.authenticate(raw)
-        if token is None:
-            return None
-        projects = set(Membership.objects.filter(user=token.user).values_list("project_id", flat=True))
-        if token.project_id:
-            projects &= {token.project_id}
-        return token.user_id, projects
+        """(user id, {project ids the token reaches}) or None (clusters.access, as for every page)."""
+        return access.token_projects(raw)
 
     def write_samples(self, stats, seconds, routed):
-        from .models import EndpointSample
-
         now = timezone.now()
         rows = [
             EndpointSample(

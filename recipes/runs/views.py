@@ -1,18 +1,24 @@
 """Run pages: launch a recipe (with the sbatch script shown before submit), follow it, cancel it."""
 
+import urllib.error
+import urllib.request
+
 from django.contrib import messages
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from console import access
+from clusters import access
+from console.actions import act
 from console.charts import line_chart
-from console.errors import ConsoleError, FieldErrors, page_message
+from console.errors import ConsoleError, FieldErrors
 from console.htmx import render_fragment
 
-from . import registry, services
-from .catalog import recipes
-from .models import ModelVersion, Run
+from .. import registry, runs
+from ..catalog import recipes
+from ..models import ModelVersion, Run
+from . import tensorboard
 
 FIELDS = ("recipe", "profile", "partition", "nodes", "steps", "init_from", "dataset")
 
@@ -37,10 +43,10 @@ def run_new(request, project, name):
     if request.method == "POST":
         try:
             if request.POST.get("confirm"):
-                run = services.launch_run(cluster=cluster, data=form, user=request.user)
+                run = runs.launch_run(cluster=cluster, data=form, user=request.user)
                 messages.success(request, f"Submitted Slurm job {run.slurm_job_id}.")
                 return redirect(run)
-            launch, script = services.preview(cluster, form)
+            launch, script = runs.preview(cluster, form)
         except FieldErrors as exc:
             errors = exc.errors
         except ConsoleError as exc:
@@ -65,7 +71,7 @@ def run_detail(request, project, name, run_id):
         "run": run,
         "cluster": run.cluster,
         "versions": run.model_versions.all(),
-        "layout": services.layout_summary(run),
+        "layout": runs.layout_summary(run),
         **run_context(run),
     }
     return render(request, "recipes/run_detail.html", context)
@@ -80,9 +86,9 @@ def run_live(request, project, name, run_id):
 
 
 def run_context(run):
-    rows = services.metrics(run)
+    rows = runs.metrics(run)
     return {
-        "summary": services.summary(run),
+        "summary": runs.summary(run),
         "chart": line_chart(rows, "loss"),
         "log": run.log_tail,
         "progress": round(100 * rows[-1]["step"] / run.steps) if rows else 0,
@@ -92,31 +98,23 @@ def run_context(run):
 @require_POST
 def run_register(request, project, name, run_id):
     run = run_for(request, project, name, run_id, access.RUN)
-    try:
-        version = registry.register_run(run, request.POST.get("model_name", "").strip(), user=request.user)
-    except ConsoleError as exc:
-        messages.error(request, page_message(exc))
-    else:
-        messages.success(request, f"Registered {version.ref}; continued pretraining, SFT and RL can start from it.")
-    return redirect(run)
+    return act(
+        request,
+        lambda: registry.register_run(run, request.POST.get("model_name", "").strip(), user=request.user),
+        done=lambda version: f"Registered {version.ref}; continued pretraining, SFT and RL can start from it.",
+        then=run,
+    )
 
 
 @require_POST
 def run_cancel(request, project, name, run_id):
     run = run_for(request, project, name, run_id, access.RUN)
-    try:
-        services.cancel_run(run)
-    except ConsoleError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"Cancelled Slurm job {run.slurm_job_id}.")
-    return redirect(run)
+    return act(request, lambda: runs.cancel_run(run), done=f"Cancelled Slurm job {run.slurm_job_id}.", then=run)
 
 
 def cluster_runs(request, project, name):
     cluster = cluster_for(request, project, name)
-    runs = list(cluster.runs.all()[:50])
-    return render_fragment(request, "recipes/partials/runs.html", {"cluster": cluster, "runs": runs})
+    return render_fragment(request, "recipes/partials/runs.html", {"cluster": cluster, "runs": cluster.runs.all()[:50]})
 
 
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-encoding", "content-length", "server", "date"}
@@ -125,13 +123,6 @@ HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-encodin
 @csrf_exempt  # TensorBoard's frontend POSTs read-only data queries without Django's token; see below
 def tensorboard_proxy(request, project, name, path=""):
     """The cluster's TensorBoard, through the console's login and project check; started on first use."""
-    import urllib.error
-    import urllib.request
-
-    from django.http import HttpResponse
-
-    from . import tensorboard
-
     cluster = cluster_for(request, project, name)
     if request.method not in ("GET", "HEAD") and not (request.method == "POST" and "data/" in path):
         return HttpResponse("Only reads go through to TensorBoard.", status=405, content_type="text/plain")

@@ -1,4 +1,4 @@
-"""torch.distributed for recipes/train.py, on the nodes (torch only; no Django): one rank per GPU (or per
+"""torch.distributed for recipes/node/train.py, on the nodes (torch only; no Django): one rank per GPU (or per
 CPU slot on the tiny profiles), a 2-D device mesh of data x tensor parallelism from the recipe, tensor
 parallelism on every decoder layer's attention and MLP, FSDP2 (`fully_shard`) per decoder layer and on
 the model, activation checkpointing, gradient clipping across both meshes, and checkpoints written with
@@ -7,7 +7,7 @@ folder renamed into place once every rank has written), resumable bit-exactly at
 rank's RNG state is kept) and loadable at another world size (DCP reshards).
 
 Pipeline parallelism is not implemented: a recipe's pipeline stages are folded into the data-parallel
-dimension, where FSDP2 shards the model instead (recipes/fit.py counts memory that way).
+dimension, where FSDP2 shards the model instead (recipes/runs/fit.py counts memory that way).
 """
 
 import json

@@ -1,0 +1,21 @@
+"""Inference endpoints: requests (endpoints.py), replicas as Slurm jobs (replicas.py), autoscaling
+(autoscale.py), the periodic reconcile (reconcile.py) and the router process (router.py)."""
+
+from .autoscale import autoscale
+from .endpoints import change_endpoint, check, create_endpoint, delete_endpoint, live_endpoint, series
+from .reconcile import reconcile, reconcile_all, reconcile_one
+from .replicas import replica_script
+
+__all__ = [
+    "autoscale",
+    "change_endpoint",
+    "check",
+    "create_endpoint",
+    "delete_endpoint",
+    "live_endpoint",
+    "reconcile",
+    "reconcile_all",
+    "reconcile_one",
+    "replica_script",
+    "series",
+]

@@ -1,0 +1,123 @@
+"""An endpoint's replicas: each a Slurm job serving one version (recipes/node/serve.py), started,
+followed from its announce file and /health, drained and stopped."""
+
+import contextlib
+import json
+import shlex
+import urllib.request
+
+from django.utils import timezone
+
+from clusters import services as clusters
+from clusters.slurm import batch, states
+from console.errors import ConsoleError
+
+from .. import registry
+from ..models import ModelVersion, Replica, ReplicaState
+from ..partitions import partition_shape
+from .endpoints import event
+
+
+def wanted_version(endpoint):
+    if endpoint.alias:
+        return registry.resolve(endpoint.project, f"{endpoint.model_name}@{endpoint.alias}")
+    return ModelVersion.objects.get(project=endpoint.project, name=endpoint.model_name, version=endpoint.version)
+
+
+def replica_script(endpoint, replica, staged, runtime):
+    home = clusters.shared_dir(endpoint.cluster)
+    folder = f"{home}/{replica.folder}"
+    partition = endpoint.cluster.partitions.filter(is_default=True).values_list("name", flat=True).first() or ""
+    gpus = (partition_shape(endpoint.cluster, partition) or (0, 0, ""))[1] if partition else 0
+    engine = ["--engine", "vllm", "--gpus", "1"] if gpus else []  # one GPU per replica
+    command = [
+        runtime.python, "-m", "recipes.node.serve", "--model", f"{home}/{staged}", "--served-name", endpoint.name,
+        "--version", replica.version_ref, "--announce", f"{folder}/announce.json", *engine,
+    ]  # fmt: skip
+    return batch.render(
+        {
+            "job-name": f"serve-{endpoint.name}-{replica.pk}",
+            "partition": partition or None,
+            "nodes": 1,
+            "ntasks": 1,
+            "cpus-per-task": 1,
+            "gpus-per-node": 1 if gpus else None,
+            "output": f"{folder}/slurm-%j.out",
+        },
+        environment={"XDG_CACHE_HOME": f"{folder}/.cache", "HF_HOME": f"{folder}/.cache/huggingface"},
+        folder=runtime.folder,
+        body=["exec srun " + " ".join(shlex.quote(word) for word in command)],
+    )
+
+
+def start(endpoint, version):
+    staged = registry.stage(version, endpoint.cluster)
+    runtime = clusters.node_runtime(endpoint.cluster)
+    replica = Replica.objects.create(endpoint=endpoint, version=version, version_ref=version.ref)
+    replica.folder = f"endpoints/{endpoint.uuid}/replica-{replica.pk}"
+    script = replica_script(endpoint, replica, staged, runtime)
+    clusters.write_file(endpoint.cluster, f"{replica.folder}/serve.sbatch", script)
+    try:
+        replica.slurm_job_id = clusters.submit_batch(endpoint.cluster, f"{replica.folder}/serve.sbatch",
+                                                     user=endpoint.created_by)  # fmt: skip
+    except ConsoleError as exc:
+        replica.state, replica.error, replica.stopped_at = ReplicaState.FAILED, exc.message[:300], timezone.now()
+        replica.save()
+        event(endpoint, f"Replica {replica.pk} ({version.ref}) could not be submitted: {exc.message}")
+        return replica
+    replica.save()
+    event(endpoint, f"Replica {replica.pk} ({version.ref}) submitted as Slurm job {replica.slurm_job_id}")
+    return replica
+
+
+def healthy(replica, timeout=2):
+    try:
+        with urllib.request.urlopen(f"{replica.url}/health", timeout=timeout) as answer:
+            return answer.status == 200
+    except (OSError, ValueError):
+        return False
+
+
+def job_ended(replica):
+    try:
+        job = clusters.job_status(replica.endpoint.cluster, replica.slurm_job_id)
+    except ConsoleError:
+        return False  # Slurm not answering: judge it later
+    return job is None or job.state not in states.JOB_ACTIVE
+
+
+def stop(replica, state=ReplicaState.STOPPED, why=""):
+    if replica.slurm_job_id:
+        # Gone already, or Slurm silent: the job ends with the endpoint's cluster anyway.
+        with contextlib.suppress(ConsoleError):
+            clusters.cancel_job(replica.endpoint.cluster, replica.slurm_job_id)
+    if replica.set_state(state, expected=ReplicaState.running(), stopped_at=timezone.now(), error=why[:300]):
+        event(replica.endpoint, f"Replica {replica.pk} ({replica.version_ref}) {state.label.lower()}"
+                                + (f": {why}" if why else ""))  # fmt: skip
+
+
+def follow(replica):
+    """Move a STARTING or READY replica on from what its job, announce file and /health say."""
+    if replica.state == ReplicaState.STARTING:
+        if not replica.host:
+            try:
+                raw = clusters.read_file(replica.endpoint.cluster, f"{replica.folder}/announce.json")
+                announced = json.loads(raw)
+                Replica.objects.filter(pk=replica.pk).update(host=announced["host"], port=int(announced["port"]))
+                replica.host, replica.port = announced["host"], int(announced["port"])
+            except (ConsoleError, ValueError, KeyError, TypeError):
+                if job_ended(replica):
+                    stop(replica, ReplicaState.FAILED, "its job ended before it served")
+                return
+        if healthy(replica) and replica.set_state(ReplicaState.READY, expected=[ReplicaState.STARTING],
+                                                  ready_at=timezone.now()):  # fmt: skip
+            event(replica.endpoint, f"Replica {replica.pk} ({replica.version_ref}) ready at {replica.url}")
+    elif replica.state == ReplicaState.READY and not healthy(replica) and job_ended(replica):
+        stop(replica, ReplicaState.FAILED, "its job ended")
+
+
+def drain(replica, why):
+    if replica.state == ReplicaState.STARTING:
+        stop(replica, why=why)
+    elif replica.set_state(ReplicaState.DRAINING, expected=[ReplicaState.READY], draining_at=timezone.now()):
+        event(replica.endpoint, f"Replica {replica.pk} ({replica.version_ref}) draining: {why}")
