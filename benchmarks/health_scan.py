@@ -27,6 +27,7 @@ from clusters.health import COLLECTIVE, load_checks, repair  # noqa: E402
 from clusters.health.scans import start_scan  # noqa: E402
 from clusters.models import Cluster  # noqa: E402
 from clusters.operations import engine  # noqa: E402
+from clusters.slurm import batch  # noqa: E402
 
 
 def make_cluster(project, user, nodes):
@@ -104,7 +105,7 @@ def write_job(cluster):
     folder = Path(get_backend("local").shared_dir(cluster))
     script = folder / "bench-requeue.sbatch"
     script.write_text(
-        f"#!/bin/bash\n#SBATCH -N 2\n#SBATCH --requeue\n#SBATCH -o {folder}/bench-%j.out\nsrun sleep 600\n"
+        batch.render({"nodes": 2, "requeue": True, "output": f"{folder}/bench-%j.out"}, body=["srun sleep 600"])
     )
     return script.name  # relative to the home, as submit_batch takes it
 

@@ -13,6 +13,7 @@ Usage: .venv/bin/python benchmarks/sync_and_pages.py
 
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -152,18 +153,20 @@ def tasks_sync_skip(cluster):
 
 
 class BigSlurm:
-    """What a 1,000-node Slurm with 10,000 jobs in memory would report."""
+    """What a 1,000-node Slurm with 10,000 jobs in memory would report: the first `ended` jobs COMPLETED,
+    the rest RUNNING (in their `reason` when `relabel` is set, so every row differs from the last sync)."""
 
-    def __init__(self, cluster, changed=0):
-        self.cluster, self.changed = cluster, changed
+    def __init__(self, cluster):
+        self.cluster, self.ended, self.relabel = cluster, 0, ""
 
     def node_statuses(self, cluster):
         return [NodeStatus(name=f"cpu-{i}", state="idle") for i in range(1000)]
 
     def jobs(self, cluster):
         return [
-            JobStatus(job_id=j, name=f"train-{j}", user=f"u{j % 7}", state="RUNNING", partition="cpu",
-                      nodes=f"cpu-{j % 1000}", node_count=1)
+            JobStatus(job_id=j, name=f"train-{j}", user=f"u{j % 7}", partition="cpu", nodes=f"cpu-{j % 1000}",
+                      node_count=1, state="COMPLETED" if j - 20001 < self.ended else "RUNNING", reason=self.relabel,
+                      exit_code=0 if j - 20001 < self.ended else None)
             for j in range(20001, 30001)
         ]  # fmt: skip
 
@@ -174,7 +177,14 @@ def sync_at_size(cluster):
     big = BigSlurm(cluster)
     sync.get_backend = lambda name: big
     try:
-        for label in ("first (10,000 new jobs)", "nothing changed"):
+        rounds = [
+            ("first (10,000 new jobs)", 0, ""),
+            ("nothing changed", 0, ""),
+            ("1,000 jobs ended", 1000, ""),
+            ("all 10,000 jobs changed", 1000, "Priority"),
+        ]
+        for label, ended, relabel in rounds:
+            big.ended, big.relabel = ended, relabel
             queries = []
 
             def record(execute, sql, params, many, context, queries=queries):
@@ -196,10 +206,20 @@ def sync_at_size(cluster):
 
 
 def main():
+    """--sync-only: only part 3 (no local Slurm cluster), on the database DATABASE_URL names."""
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("bench", password="bench-password-1")
     project = Project.objects.create(slug="bench", name="Bench")
     project.members.add(user, through_defaults={"role": Role.ADMIN})
+    print(f"database: {connection.vendor}")
+    if "--sync-only" in sys.argv:
+        services.create_cluster(project=project, name="big", spec=example_spec(cpu=2), user=user)
+        Operation.objects.update(status=OperationStatus.SUCCEEDED)
+        Cluster.objects.filter(name="big").update(status=ClusterStatus.READY)
+        cluster = Cluster.objects.get(name="big")
+        fill(cluster, 1000, 0)
+        sync_at_size(cluster)
+        return
     slurm_calls_per_interval(user, project)
     large = pages_at_size(user, project)
     sync_at_size(large)

@@ -142,10 +142,12 @@ class Cluster(models.Model):
         )
 
     def active_operation(self):
-        return self.operations.filter(status__in=OperationStatus.active()).order_by("created").first()
+        """The operation holding the cluster now (an exclusive one: create, resize, delete, scan, repair)."""
+        return self.operations.filter(status__in=OperationStatus.active(), exclusive=True).order_by("created").first()
 
     def latest_operation(self):
-        return self.operations.order_by("-created").first()
+        """The latest operation on the cluster itself (a recipe launch shows on its run's page instead)."""
+        return self.operations.filter(exclusive=True).order_by("-created").first()
 
     def wanted_nodes(self):
         return self.nodes.filter(state__in=NodeState.wanted())
@@ -252,6 +254,9 @@ class Operation(models.Model):
     error = models.TextField(blank=True)
     # What the operation is asked to do, e.g. the previous spec of an update; immutable.
     params = models.JSONField(default=dict, blank=True)
+    # Its kind's `exclusive` when it started: only exclusive operations count towards the one active
+    # operation a cluster may have.
+    exclusive = models.BooleanField(default=True)
     # Which claim this is (1 for the first worker, 2 for the one that resumed it, ...): a worker only
     # writes to the operation while its claim is the current one.
     attempts = models.PositiveIntegerField(default=0)
@@ -265,10 +270,10 @@ class Operation(models.Model):
         ordering = ["-created"]
         constraints = [
             # One operation at a time per cluster, decided by the database: a resize or delete during a
-            # scan (or two requests racing) cannot both insert an active row.
+            # scan (or two requests racing) cannot both insert an active row. Launches are not counted.
             models.UniqueConstraint(
                 fields=["cluster"],
-                condition=Q(status__in=["PENDING", "RUNNING"]),
+                condition=Q(status__in=["PENDING", "RUNNING"], exclusive=True),
                 name="one_active_operation_per_cluster",
             )
         ]

@@ -13,8 +13,11 @@ from django.conf import settings
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from console.errors import ConsoleError
+
 from .choices import ClusterStatus, OperationStatus
 from .models import Cluster, ClusterEvent, HealthResult, Operation, SlurmJob
+from .services import prune_files
 from .slurm.states import JOB_ACTIVE
 
 
@@ -46,9 +49,6 @@ def prune(now=None):
 def prune_scan_folders(now):
     """Scan folders (<shared home>/scans/<operation>) older than SCAN_FOLDERS_KEEP_DAYS, removed by
     each cluster's agent."""
-    from console.errors import ConsoleError
-
-    from .services import prune_files
 
     limit = cutoff(settings.SCAN_FOLDERS_KEEP_DAYS, now).timestamp()
     removed = 0

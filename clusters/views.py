@@ -16,6 +16,7 @@ from console import safejson
 from console.actions import act
 from console.charts import line_chart
 from console.errors import ConsoleError, FieldErrors
+from console.fields import whole_number
 from console.htmx import render_fragment
 
 from . import access, services
@@ -168,23 +169,17 @@ def cluster_resize(request, project, name):
     pool_id = request.POST.get("node_pool", "")
     spec = copy.deepcopy(cluster.spec)
     pool = next((p for p in spec["node_pools"] if p["id"] == pool_id), None)
-    try:
-        count = int(request.POST.get("node_count", ""))
-    except ValueError:
-        count = None
-    if pool is None or count is None or count < 0:
+    count = whole_number(request.POST.get("node_count", ""), "node_count", {}, low=0)
+    if pool is None or count is None:
         messages.error(request, "Choose a node pool and a node count of 0 or more.")
         return redirect(cluster)
     pool["scaling_spec"] = {"min_node_count": count, "max_node_count": count}
-    try:
-        services.update_cluster(cluster=cluster, spec=spec, user=request.user)
-    except FieldErrors as exc:
-        messages.error(request, str(exc))  # each reason with its field path
-    except ConsoleError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"Resizing {pool_id} to {count} nodes.")
-    return redirect(cluster)
+    return act(
+        request,
+        lambda: services.update_cluster(cluster=cluster, spec=spec, user=request.user),
+        done=f"Resizing {pool_id} to {count} nodes.",
+        then=cluster,
+    )
 
 
 @require_POST

@@ -11,6 +11,7 @@ from django.views.decorators.http import require_POST
 
 from console import safejson
 from console.errors import Conflict, ConsoleError, FieldErrors
+from console.fields import whole_number
 from console.htmx import htmx_partial
 
 from . import access, services, wizard
@@ -18,7 +19,7 @@ from .choices import ClusterStatus
 from .models import Cluster
 from .spec.catalog import REGIONS, ZONES, machine_type_names
 from .spec.console_block import MTUS, storage_tiers
-from .spec.plan import cost, quota
+from .spec.plan import cost, prices, quota
 from .spec.reference import architectures, build_spec
 from .spec.validator import BOOT_DISK_TYPES, PREEMPT_TYPES, PRIORITY_TYPES, PROVISIONING_MODELS
 
@@ -83,7 +84,8 @@ def wizard_reference(request):
         errors["project"] = ["choose one of your projects"]
     if form["arch"] not in architectures():
         errors["arch"] = ["choose a reference architecture"]
-    if not form["nodes"].isdigit() or int(form["nodes"]) < 1:
+    nodes = whole_number(form["nodes"], "nodes", {}, low=1)
+    if nodes is None:
         errors["nodes"] = ["enter a node count of 1 or more"]
     if form["model"] == "RESERVATION" and not form["reservation"]:
         errors["reservation"] = ["name the reservation to use"]
@@ -93,7 +95,7 @@ def wizard_reference(request):
         form["arch"],
         display_name=form["display_name"],
         zone=form["zone"],
-        nodes=int(form["nodes"]),
+        nodes=nodes,
         provisioning_model=form["model"],
         reservation=form["reservation"],
         backend=form["backend"] or "local",
@@ -264,7 +266,6 @@ def wizard_review(request, project, name):
             cost_total=total,
             quota=quota(cluster.project, cluster.spec, exclude=cluster),
         )
-        from .spec.plan import prices
 
         context["prices_as_of"] = prices()["as_of"]
     status = 400 if request.method == "POST" else 200

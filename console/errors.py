@@ -6,6 +6,8 @@ Services raise them; each surface maps them in one place: /api/v1 in `api_except
 is a `clusters.work.BackendError` instead: it goes on the operation and the timeline.
 """
 
+from django.http import JsonResponse
+
 
 class ConsoleError(Exception):
     """A request the console will not do, with a message for the user."""
@@ -79,7 +81,6 @@ def page_message(exc):
 def surface_error(request, http, detail, rpc_status, *, rpc_http=None, rpc_message=None):
     """The error answer of the API `request` is on: {"detail"} on /api/, google.rpc on /v1beta1/ (its
     own HTTP status and message where the service's differ); None on a page, which renders its own."""
-    from django.http import JsonResponse
 
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": detail}, status=http)

@@ -2,8 +2,9 @@
 
 from django.conf import settings
 from django.http import HttpResponse
+from django.shortcuts import render
 
-from .errors import surface_error
+from .errors import ConsoleError, page_message, surface_error
 
 
 class RequestSizeLimit:
@@ -43,9 +44,6 @@ class ConsoleErrorPages:
         return self.get_response(request)
 
     def process_exception(self, request, exception):
-        from django.shortcuts import render
-
-        from .errors import ConsoleError, page_message
 
         if not isinstance(exception, ConsoleError):
             return None

@@ -3,8 +3,11 @@
 import json
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
 
 from .errors import ConsoleError
 
@@ -69,9 +72,6 @@ def api_exception_handler(exc, context):
     """/api/v1's one mapping of errors: a ConsoleError answers with its own status and body (field
     errors keyed by path, else {"detail"}), a body over Django's upload limit gets a clear 413, and
     everything else is DRF's."""
-    from django.core.exceptions import RequestDataTooBig
-    from rest_framework.response import Response
-    from rest_framework.views import exception_handler
 
     if isinstance(exc, ConsoleError):
         response = Response(exc.body(), status=exc.http_status)

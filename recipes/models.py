@@ -7,10 +7,13 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from clusters.choices import ClusterStatus
 from clusters.models import compare_and_set
 
 
 class RunStatus(models.TextChoices):
+    # Its LAUNCH operation is staging, writing and submitting it; no Slurm job yet.
+    SUBMITTING = "SUBMITTING", "Submitting"
     QUEUED = "QUEUED", "Queued"
     RUNNING = "RUNNING", "Running"
     COMPLETED = "COMPLETED", "Completed"
@@ -27,6 +30,7 @@ class RunStatus(models.TextChoices):
 
 
 RUN_STATUS_COLOURS = {
+    RunStatus.SUBMITTING: "grey",
     RunStatus.QUEUED: "grey",
     RunStatus.RUNNING: "blue",
     RunStatus.COMPLETED: "green",
@@ -49,6 +53,10 @@ class Run(models.Model):
     work_dir = models.CharField(max_length=500)
     init_from = models.ForeignKey("self", models.SET_NULL, null=True, blank=True, related_name="continued_by")
     status = models.CharField(max_length=10, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    # The LAUNCH operation that submitted it (its progress shows on the run page while SUBMITTING).
+    launch = models.ForeignKey(
+        "clusters.Operation", models.SET_NULL, null=True, blank=True, related_name="launched_runs"
+    )
     slurm_job_id = models.PositiveIntegerField(null=True, blank=True)
     slurm_state = models.CharField(max_length=32, blank=True)
     slurm_reason = models.CharField(max_length=200, blank=True)
@@ -154,7 +162,6 @@ class ModelVersion(models.Model):
     @property
     def live_run(self):
         """Its run while that run's cluster exists (a deleted cluster's runs have no pages)."""
-        from clusters.choices import ClusterStatus
 
         run = self.run
         return run if run is not None and run.cluster.status != ClusterStatus.DELETED else None

@@ -417,3 +417,58 @@ def synced(cluster, timeout=30):
 
     found = wait_until(fresh, timeout=timeout, message=f"a sync of {cluster}")
     return "" if found == "ok" else found
+
+
+# The suite leaves no process behind. Every process the tests start carries SESSION_MARK in its
+# environment (it is in os.environ from the session's start), or names this session's temporary folder
+# or this checkout's TEST_ROOT in its command line (Slurm jobs and what they start get their environment
+# from the submit, not from us). Whatever of those is still alive once every fixture has been torn down
+# fails the run and is then stopped.
+SESSION_MARK = f"tcc-tests-{uuid.uuid4().hex[:12]}"
+LEFTOVER_GRACE = 10.0  # seconds a process stopped by the last teardown has to exit
+
+
+def pytest_sessionstart(session):
+    os.environ["TCC_TEST_SESSION"] = SESSION_MARK
+
+
+def started_by_this_session(pid, argv, roots):
+    if pid == os.getpid() or pid in ancestors(os.getpid()):
+        return False
+    if any(root in arg for arg in argv for root in roots):
+        return True
+    return processes.environ(pid).get("TCC_TEST_SESSION") == SESSION_MARK
+
+
+def ancestors(pid):
+    found = set()
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        found.add(pid)
+    return found
+
+
+def leftover_processes(roots):
+    return {pid: argv for pid, argv in processes.command_lines() if started_by_this_session(pid, argv, roots)}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    factory = getattr(session.config, "_tmp_path_factory", None)  # pytest's tmp_path_factory
+    roots = [str(settings.TEST_ROOT) + "/"]
+    if factory is not None and factory._basetemp is not None:
+        roots.append(str(factory._basetemp))
+    deadline = time.monotonic() + LEFTOVER_GRACE
+    left = leftover_processes(roots)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = leftover_processes(roots)
+    if not left:
+        return
+    lines = "\n".join(f"  {pid}: {' '.join(argv)[:200]}" for pid, argv in sorted(left.items()))
+    sys.stderr.write(f"\nThe tests left {len(left)} process(es) running (now stopped):\n{lines}\n")
+    processes.stop(sorted(left))
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

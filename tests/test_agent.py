@@ -17,12 +17,6 @@ from clusters.work import TransientBackendError
 from .conftest import wait_until
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
     root = tmp_path_factory.mktemp("agent")
@@ -30,19 +24,12 @@ def agent(tmp_path_factory):
     home.mkdir()
     key = secrets.token_bytes(32)
     secret.write_bytes(key)
-    port = free_port()
+    port_file = root / "port"
     command = [sys.executable, server.__file__, "--home", str(home), "--key-file", str(secret),
-               "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+               "--listen", "127.0.0.1:0", "--port-file", str(port_file)]  # fmt: skip
     process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
-
-    def answers():
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return True
-        except OSError:
-            return False
-
-    wait_until(answers, timeout=20, message="the agent")
+    wait_until(port_file.exists, timeout=20, message="the agent to listen")
+    port = int(port_file.read_text())
     yield AgentClient(AgentEndpoint(f"http://127.0.0.1:{port}", key.hex())), home, root
     process.kill()
     process.wait()
@@ -114,9 +101,11 @@ def test_it_refuses_unknown_operations_a_wrong_key_and_oversized_writes(agent):
 
 
 def test_an_agent_that_does_not_answer_is_a_transient_error():
-    silent = AgentClient(AgentEndpoint(f"http://127.0.0.1:{free_port()}", "00"), timeout=2)
-    with pytest.raises(TransientBackendError, match="not answering"):
-        silent.stat("runs")
+    with socket.socket() as held:  # bound, never listening: connections to it are refused while we hold it
+        held.bind(("127.0.0.1", 0))
+        silent = AgentClient(AgentEndpoint(f"http://127.0.0.1:{held.getsockname()[1]}", "00"), timeout=2)
+        with pytest.raises(TransientBackendError, match="not answering"):
+            silent.stat("runs")
 
 
 def test_tensorboard_is_the_one_program_and_only_when_the_agent_was_given_it(agent):

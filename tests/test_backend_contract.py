@@ -122,7 +122,7 @@ def test_it_creates_every_wanted_node(harness, alpha, alice):
     cluster = create(harness, alpha, alice, cpu=2)
     assert cluster.status == ClusterStatus.READY
     assert running_nodes(cluster) == ["cpu-0", "cpu-1"]
-    assert all(len(found) == 1 for found in harness.instances(cluster).values())
+    assert one_instance_each(harness, cluster, ["cpu-0", "cpu-1"])
 
 
 def test_a_rerun_of_every_step_creates_nothing_twice(harness, alpha, alice):
@@ -131,7 +131,13 @@ def test_a_rerun_of_every_step_creates_nothing_twice(harness, alpha, alice):
     for step in get_backend(cluster.backend).apply_steps(cluster):
         step.run(None)
     assert sorted(harness.leftovers(cluster)) == before
-    assert all(len(found) == 1 for found in harness.instances(cluster).values())
+    assert one_instance_each(harness, cluster, ["cpu-0", "cpu-1"])
+
+
+def one_instance_each(harness, cluster, nodes):
+    """Every one of `nodes` (and no other compute node) runs as exactly one instance (slurmd or VM)."""
+    found = harness.instances(cluster)
+    return sorted(found) == nodes and all(len(instances) == 1 for instances in found.values())
 
 
 def test_it_grows_and_shrinks_a_pool(harness, alpha, alice):

@@ -1,33 +1,15 @@
 """The managed service's v1beta1 paths: operations, google.rpc errors, paging and access."""
 
-import json
-from pathlib import Path
-
 import pytest
-from django.conf import settings
 from rest_framework.test import APIClient
 
 from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Cluster, Operation
 
 from .conftest import example_spec, provisioned
+from .factories import BASE, create, service_example
 
 pytestmark = pytest.mark.django_db
-
-BASE = "/v1beta1/projects/alpha/locations/us-central1"
-SERVICE_EXAMPLE = Path(settings.BASE_DIR) / "examples" / "service-create-a3ultra.json"
-
-
-def service_example():
-    return json.loads(SERVICE_EXAMPLE.read_text())
-
-
-def create(client, cluster_id="a3u", body=None, location="us-central1"):
-    return client.post(
-        f"/v1beta1/projects/alpha/locations/{location}/modelDevelopmentClusters?model_development_cluster_id={cluster_id}",
-        body or service_example(),
-        format="json",
-    )
 
 
 def test_it_answers_a_create_with_a_long_running_operation(alice_api):

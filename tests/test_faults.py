@@ -34,11 +34,24 @@ class PrivateRedis:
     def __init__(self, folder):
         self.port, self.folder, self.process = free_port(), folder, None
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.started = False
 
     def start(self):
-        command = f"redis-server --port {self.port} --bind 127.0.0.1 --save '' --appendonly no --dir {self.folder}"
-        self.process = subprocess.Popen(shlex.split(command), stdout=subprocess.DEVNULL)
-        wait_until(self.answers, timeout=20, message="the private redis-server")
+        """Start on its port; the first start moves to another free port when that one was taken between
+        free_port() and the bind (redis-server exits at once), a restart keeps it (the broker URL names it)."""
+        for _ in range(5):
+            command = f"redis-server --port {self.port} --bind 127.0.0.1 --save '' --appendonly no --dir {self.folder}"
+            self.process = subprocess.Popen(shlex.split(command), stdout=subprocess.DEVNULL)
+            wait_until(lambda: self.answers() or self.process.poll() is not None, timeout=20,
+                       message="the private redis-server")  # fmt: skip
+            if self.process.poll() is None:
+                self.started = True
+                return
+            if self.started:
+                break
+            self.port = free_port()
+            self.url = f"redis://127.0.0.1:{self.port}/0"
+        raise AssertionError(f"the private redis-server did not start on port {self.port}")
 
     def answers(self):
         try:

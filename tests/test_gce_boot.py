@@ -22,7 +22,7 @@ from clusters.operations import engine
 from clusters.slurm.rest import SlurmEndpoint, SlurmRest
 
 from .conftest import api_client_for, gce_spec, module_cluster, wait_until
-from .test_safe_defaults import exchange, leaks
+from .factories import exchange, leaks
 
 pytestmark = pytest.mark.django_db
 

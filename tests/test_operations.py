@@ -12,9 +12,9 @@ from clusters.backends import TransientBackendError
 from clusters.choices import ClusterStatus, EventLevel, OperationStatus
 from clusters.models import Cluster, Operation
 from clusters.operations import engine
-from console.errors import AlreadyExists
+from console.errors import AlreadyExists, Conflict
 
-from .conftest import scripted_spec
+from .conftest import scripted_spec, wait_until
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("scripted")]
 
@@ -58,7 +58,52 @@ def test_a_second_delivery_of_a_finished_operation_changes_nothing(alpha, alice)
 
 
 def test_a_delivery_for_a_vanished_operation_does_nothing(alpha, alice):
-    engine.run(123456)
+    operation = create(alpha, alice, "ok")
+    events = Cluster.objects.get().events.count()
+    engine.run(operation.pk + 1000)
+    operation.refresh_from_db()
+    assert (operation.status, operation.attempts, operation.progress) == (OperationStatus.PENDING, 0, 0)
+    assert Cluster.objects.get().events.count() == events
+
+
+PEEK = operations.Kind(
+    name="PEEK",
+    label="Peek",
+    metadata_type="GenericOperationMetadata",
+    starts_from=frozenset(ClusterStatus),
+    steps=lambda ctx: [],
+    exclusive=False,
+)
+
+HOLD = operations.Kind(**{**PEEK.__dict__, "name": "HOLD", "exclusive": True})
+
+
+def test_it_runs_operations_that_do_not_hold_the_cluster_beside_one_that_does(alpha, alice):
+    operations.register(PEEK)
+    create_op = create(alpha, alice, "ok")
+    cluster = Cluster.objects.get()
+    peeks = [operations.start(cluster, "PEEK", message="peek") for _ in range(2)]
+    assert {p.status for p in peeks} == {OperationStatus.PENDING}
+    assert cluster.active_operation() == create_op and cluster.latest_operation() == create_op
+    operations.register(HOLD)
+    with pytest.raises(Conflict, match="has a create in progress"):
+        operations.start(cluster, "HOLD", message="hold")
+    engine.run(peeks[0].pk)
+    assert Operation.objects.get(pk=peeks[0].pk).status == OperationStatus.SUCCEEDED
+    assert Cluster.objects.get().status == ClusterStatus.PROVISIONING  # a peek moves no status
+
+
+def test_a_kind_that_does_not_hold_the_cluster_cannot_move_its_status():
+    with pytest.raises(ValueError, match="cannot move its status"):
+        operations.Kind(
+            name="X",
+            label="X",
+            metadata_type="",
+            steps=lambda ctx: [],
+            starts_from=frozenset(),
+            busy_status="UPDATING",
+            exclusive=False,
+        )
 
 
 def test_a_transient_error_hands_the_operation_back_for_a_retry(alpha, alice):
@@ -198,7 +243,8 @@ def test_a_silent_step_is_taken_over_and_its_worker_stops_at_its_next_write(alph
     operation = create(alpha, alice, "ok")
 
     def silent(ctx):
-        time.sleep(1.5)  # no heartbeat: to the others this worker looks dead
+        # No heartbeat: to the others this worker looks dead once its last one is a stale period old.
+        wait_until(lambda: operation.pk in engine.stale(), timeout=10, message="the operation to look orphaned")
         scripted.during = None
         engine.run(operation.pk)  # the second worker takes over and finishes
 

@@ -11,29 +11,14 @@ from django.conf import settings
 from clusters import processes
 from clusters.backends import get_backend
 from clusters.choices import ClusterStatus, OperationStatus
-from clusters.models import Cluster, Operation
+from clusters.models import Cluster
 
 from .conftest import example_spec, synced, wait_until
+from .factories import finished, idle_nodes, slurmd_pids
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CLUSTERS = "/api/v1/projects/alpha/clusters/"
-
-
-def finished(operation_id, timeout=120):
-    def done():
-        operation = Operation.objects.get(uuid=operation_id)
-        return operation if operation.is_done else None
-
-    return wait_until(done, timeout=timeout, message=f"operation {operation_id}")
-
-
-def idle_nodes(cluster):
-    return sorted(s.name for s in get_backend("local").node_statuses(cluster) if s.state == "idle" and not s.flags)
-
-
-def slurmd_pids(cluster, node):
-    return processes.find_pids("slurmd", str(get_backend("local").paths(cluster).conf), node)
 
 
 def apply(api, spec):
@@ -107,7 +92,7 @@ def test_it_provisions_runs_a_two_node_job_resizes_and_deletes(celery_worker, sl
 
 
 def test_it_replays_the_services_create_example_on_the_compatible_paths(celery_worker, slurm, alice_api):
-    from .test_compat_api import BASE, create
+    from .factories import BASE, create
 
     operation = create(alice_api).json()
     assert "done" not in operation

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from clusters import processes
+from clusters.models import Operation
+from clusters.operations import engine
 from recipes.catalog import recipes
 from recipes.models import ModelVersion, Run, RunStatus
 
@@ -38,10 +40,30 @@ def rita_api(train_cluster):
     return api_client_for(train_cluster.project.members.get())
 
 
+class Launched:
+    """A launch the API accepted (202, the run SUBMITTING with its LAUNCH operation), after that operation
+    ran here as a worker would run it: json() is the run as the API then shows it."""
+
+    status_code = 202
+
+    def __init__(self, api, accepted):
+        self.api, self.accepted = api, accepted
+
+    def json(self):
+        return self.api.get(f"{RUNS}{self.accepted['id']}/").json()
+
+
 def launch(api, **body):
-    return api.post(
+    response = api.post(
         RUNS, {"recipe": "llama3.1-8b-pretrain", "profile": "tiny", "nodes": 2, "steps": 30, **body}, format="json"
     )
+    if response.status_code != 202:
+        return response
+    accepted = response.json()
+    assert accepted["status"] == "SUBMITTING" and accepted["slurm_job_id"] is None, accepted
+    assert accepted["launch"]["kind"] == "LAUNCH" and response["Location"].endswith(f"/runs/{accepted['id']}/")
+    engine.run(Operation.objects.get(uuid=accepted["launch"]["id"]).pk)
+    return Launched(api, accepted)
 
 
 def status_after_sync(api, run_id):
@@ -131,7 +153,7 @@ def test_charlie_cannot_launch_on_ritas_cluster_nor_see_its_tensorboard(train_cl
 
 def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api, client, train_cluster, mlflow_server):
     response = launch(rita_api, steps=40)
-    assert response.status_code == 201, response.content
+    assert response.status_code == 202, response.content
     run = response.json()
     assert "#SBATCH --nodes=2" in run["script"] and "srun" in run["script"]
     done = finished(rita_api, run["id"])
@@ -181,7 +203,7 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     assert registered.json()["artifact"].startswith("mlflow-artifacts:/")
     assert rita_api.get("/api/v1/projects/rlab/models/").json()[0]["name"] == name
     response = launch(rita_api, recipe="llama3.1-8b-cpt", steps=10, init_from=f"{name}:v1")
-    assert response.status_code == 201, response.content
+    assert response.status_code == 202, response.content
     assert json.loads(read(response.json(), "config.json"))["init_from_hf"].endswith(f"models/rlab.{name}/v1")
     cpt = finished(rita_api, response.json()["id"])
     assert cpt["status"] == "COMPLETED", cpt
@@ -204,7 +226,7 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     alias = rita_api.put(f"/api/v1/projects/rlab/models/{name}/aliases/production/", {"version": 1}, format="json")
     assert alias.status_code == 200, alias.content
     response = launch(rita_api, recipe="llama3.1-8b-sft", steps=15, init_from=f"{name}@production")
-    assert response.status_code == 201, response.content
+    assert response.status_code == 202, response.content
     sft = finished(rita_api, response.json()["id"])
     assert sft["status"] == "COMPLETED", sft
     sft_rows = losses(sft)
@@ -213,7 +235,7 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
 
     # RL: DPO with TRL on the shipped preference set; the policy learns to prefer the chosen answers.
     response = launch(rita_api, recipe="llama3.1-8b-dpo", nodes=1, steps=12, init_from=f"{name}:v1")
-    assert response.status_code == 201, response.content
+    assert response.status_code == 202, response.content
     dpo = finished(rita_api, response.json()["id"])
     assert dpo["status"] == "COMPLETED", dpo
     dpo_rows = losses(dpo)
@@ -222,7 +244,7 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
 
     # Online RL: GRPO samples answers and the recipe's verifiable reward scores them.
     response = launch(rita_api, recipe="llama3.1-8b-grpo", nodes=1, steps=8, init_from=f"{name}:v1")
-    assert response.status_code == 201, response.content
+    assert response.status_code == 202, response.content
     grpo = finished(rita_api, response.json()["id"])
     assert grpo["status"] == "COMPLETED", grpo
     assert [row["step"] for row in losses(grpo)] == list(range(1, 9))
@@ -237,10 +259,46 @@ def test_cancelling_a_run_cancels_its_slurm_job(rita_api, train_cluster):
     response = rita_api.post(f"{RUNS}{run['id']}/cancel/")
     assert response.status_code == 200
     assert response.json()["status"] == "CANCELLED"
-    job = get_backend(train_cluster.backend).job_status(train_cluster, run["slurm_job_id"])
-    assert job is None or job.state in ("CANCELLED", "COMPLETING")
+    backend = get_backend(train_cluster.backend)
+    wait_until(lambda: getattr(backend.job_status(train_cluster, run["slurm_job_id"]), "state", None) == "CANCELLED",
+               timeout=30, message="Slurm to say the job was cancelled")  # fmt: skip
     assert Run.objects.get(uuid=run["id"]).status == RunStatus.CANCELLED
     assert rita_api.post(f"{RUNS}{run['id']}/cancel/").status_code == 409
+
+
+class WorkerKilled(BaseException):
+    """The worker process dying (not an error the engine handles): the operation stays RUNNING."""
+
+
+def test_a_launch_resumed_after_its_worker_died_past_the_submit_does_not_submit_again(
+    rita_api, train_cluster, monkeypatch
+):
+    from clusters import services
+
+    real_submit = services.submit_batch
+
+    def submit_then_die(*args, **kwargs):
+        real_submit(*args, **kwargs)  # Slurm has the job; the worker dies before it stores the id
+        raise WorkerKilled
+
+    monkeypatch.setattr(services, "submit_batch", submit_then_die)
+    accepted = rita_api.post(RUNS, {"recipe": "llama3.1-8b-pretrain", "steps": 100000}, format="json").json()
+    operation = Operation.objects.get(uuid=accepted["launch"]["id"])
+    with pytest.raises(WorkerKilled):
+        engine.run(operation.pk)
+    run = Run.objects.get(uuid=accepted["id"])
+    assert run.status == RunStatus.SUBMITTING and run.slurm_job_id is None
+    monkeypatch.setattr(services, "submit_batch", real_submit)
+
+    engine.run(operation.pk, stale_after=0)  # another worker takes the silent operation over
+
+    run.refresh_from_db()
+    operation.refresh_from_db()
+    assert operation.status == "SUCCEEDED" and operation.attempts == 2, operation.error
+    jobs = services.jobs_named(train_cluster, f"llama3.1-8b-pretrain-{str(run.uuid)[:8]}")
+    assert [job.job_id for job in jobs] == [run.slurm_job_id]
+    assert run.status == RunStatus.QUEUED
+    assert rita_api.post(f"{RUNS}{run.uuid}/cancel/").status_code == 200
 
 
 SLURM_REST = "/v1beta1/projects/rlab/locations/us-central1/modelDevelopmentClusters/train:callSlurmRestApi"
@@ -342,7 +400,7 @@ def test_no_munge_key_jwt_or_token_reaches_a_page_an_answer_or_a_log_line(rita_a
 
     from clusters.backends import get_backend
 
-    from .test_safe_defaults import exchange, leaks
+    from .factories import exchange, leaks
 
     local_only(train_cluster, "it reads the keys from the cluster's folder (gce: tests/test_gce_boot.py)")
     caplog.set_level("DEBUG")
@@ -458,7 +516,7 @@ def test_sft_starts_from_a_hugging_face_folder_in_the_shared_home(rita_api, trai
         refused = launch(rita_api, recipe="llama3.1-8b-sft", init_from=init_from, steps=2)
         assert refused.status_code == 400 and reason in refused.json()["init_from"][0]
     response = launch(rita_api, recipe="llama3.1-8b-sft", init_from="hf:models/tiny-llama", steps=3)
-    assert response.status_code == 201, response.content
+    assert response.status_code == 202, response.content
     run = finished(rita_api, response.json()["id"])
     assert run["status"] == "COMPLETED", Run.objects.get(uuid=run["id"]).log_tail
     assert run["layout"]["tensor"] == 2 and run["layout"]["ranks"] == 4
@@ -470,10 +528,7 @@ def test_sft_starts_from_a_hugging_face_folder_in_the_shared_home(rita_api, trai
 
 def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(rita_api, train_cluster, client):
     """The module's last test: it deletes the module's cluster."""
-    from clusters import processes
     from clusters.backends import get_backend
-    from clusters.models import Operation
-    from clusters.operations import engine
 
     local_only(train_cluster, "it looks for leftover processes on this machine (gce: tests/test_gce_boot.py)")
     backend = get_backend("local")

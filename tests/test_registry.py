@@ -6,51 +6,15 @@ alice and bob run project "alpha"; charlie is an outsider. The MLflow server liv
 so each test names its models afresh.
 """
 
-import uuid
-
 import pytest
 from django.test import override_settings
 
 from recipes import registry
 from recipes.models import ModelVersion
 
+from .factories import a_version, fresh
+
 pytestmark = pytest.mark.django_db
-
-
-def fresh(prefix="llama"):
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-def tiny_model(folder):
-    """A tiny Llama in Hugging Face format, as a run's export writes it."""
-    import json
-
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from recipes.node.train import hf_tokenizer
-
-    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "vocab_size": 260, "max_position_embeddings": 128}  # fmt: skip
-    LlamaForCausalLM(LlamaConfig(**shape)).save_pretrained(folder)
-    hf_tokenizer().save_pretrained(folder)
-    (folder / "tcc.json").write_text(json.dumps({"step": 3}))
-    return folder
-
-
-def a_version(project, name, tmp_path, losses=(3.0, 2.0, 1.5), parent=None, lr="0.001"):
-    """A version as register_run makes one (an MLflow run with metrics, params and the model's files),
-    from a folder on this machine instead of a cluster."""
-    from mlflow.entities import Metric, Param
-
-    mlflow = registry.client()
-    run_id = mlflow.create_run(registry.experiment_id(mlflow, project)).info.run_id
-    metrics = [Metric("loss", value, 0, step) for step, value in enumerate(losses, 1)]
-    mlflow.log_batch(run_id, metrics=metrics, params=[Param("lr", lr), Param("recipe", "llama3.1-8b-pretrain")])
-    folder = tiny_model(tmp_path / uuid.uuid4().hex)
-    mlflow.log_artifacts(run_id, str(folder), "model")
-    source = f"{mlflow.get_run(run_id).info.artifact_uri}/model"
-    return registry.publish(project, name, source, run_id=run_id, family="llama", step=len(losses),
-                            final_loss=losses[-1], lineage={"parent": parent})  # fmt: skip
 
 
 @pytest.fixture
@@ -203,7 +167,7 @@ def test_runs_register_themselves_and_their_versions_outlive_the_cluster(
 
     def trained(body, timeout=240):
         response = alice_api.post("/api/v1/projects/alpha/clusters/reg/runs/", body, format="json")
-        assert response.status_code == 201, response.content
+        assert response.status_code == 202, response.content
         run = wait_until(lambda: Run.objects.filter(uuid=response.json()["id"], status__in=RunStatus.done()).first(),
                          timeout=timeout, interval=1, message="the run to end")  # fmt: skip
         assert run.status == RunStatus.COMPLETED, run.log_tail

@@ -13,6 +13,8 @@ from django.utils import timezone
 
 from console.models import SignInFailure
 
+from .factories import exchange, leaks
+
 pytestmark = pytest.mark.django_db
 
 
@@ -77,18 +79,6 @@ def test_it_throttles_one_address_trying_many_usernames(client, alice, settings)
         client.post("/accounts/login/", {"username": name, "password": "x"})
     response = client.post("/accounts/login/", {"username": "alice", "password": "alice-password"})
     assert response.status_code == 429
-
-
-def leaks(texts, secrets):
-    """The secrets (name -> value) found in any of `texts`, and any JWT (they start "eyJ")."""
-    found = {name for name, value in secrets.items() for text in texts if value and value in text}
-    return found | {"a JWT" for text in texts if "eyJhbGciOi" in text or "eyJ0eXAiOi" in text}
-
-
-def exchange(client, method, path, **kwargs):
-    response = getattr(client, method)(path, **kwargs)
-    headers = "\n".join(f"{k}: {v}" for k, v in response.items())
-    return response, f"{headers}\n{response.content.decode(errors='replace')}"
 
 
 def test_no_secret_reaches_a_page_an_api_answer_an_error_or_a_log_line(

@@ -149,16 +149,15 @@ def with_console(**block):
     return spec
 
 
-def test_it_accepts_a_full_console_block():
-    spec = with_console(
-        network={"create": True, "mtu": 8896, "subnet_range": "10.0.0.0/16", "private_services_range": "10.100.0.0/20"},
-        storage={
-            "filestore_home": {"tier": "HIGH_SCALE_SSD", "capacity_gb": 10240},
-            "lustre": {"performance_tier": 1000, "capacity_gb": 1_530_000, "mount_point": "/lustre"},
-            "gcs_buckets": [{"bucket": "ckpts", "mount_point": "/gcs-checkpoints", "mount_options": ["implicit-dirs"]}],
-        },
-    )
-    validate_spec(spec, backends=all_backends())
+def test_it_accepts_a_full_console_block_and_keeps_every_value():
+    network = {"create": True, "mtu": 8896, "subnet_range": "10.0.0.0/16", "private_services_range": "10.100.0.0/20"}
+    storage = {
+        "filestore_home": {"tier": "HIGH_SCALE_SSD", "capacity_gb": 10240},
+        "lustre": {"performance_tier": 1000, "capacity_gb": 1_530_000, "mount_point": "/lustre"},
+        "gcs_buckets": [{"bucket": "ckpts", "mount_point": "/gcs-checkpoints", "mount_options": ["implicit-dirs"]}],
+    }
+    validated = validate_spec(with_console(network=network, storage=storage), backends=all_backends())
+    assert (validated["console"]["network"], validated["console"]["storage"]) == (network, storage)
 
 
 @pytest.mark.parametrize(
@@ -283,17 +282,17 @@ def test_it_checks_slurm_settings(slurm, path):
     assert f"orchestrator_spec.slurm_spec.{path}" in errors_of(spec)
 
 
-def test_it_accepts_the_services_scheduling_settings():
+def test_it_accepts_the_services_scheduling_settings_and_keeps_every_value():
+    accounting = {"accounting_storage_enforce": "associations,limits,qos"}
+    scheduling = {
+        "priority_type": "priority/multifactor",
+        "priority_weight_age": 1000,
+        "priority_weight_fairshare": 10000,
+        "preempt_type": "preempt/qos",
+        "preempt_mode": "REQUEUE",
+        "preempt_exempt_time": "00:10:00",
+    }
     spec = example_spec()
-    spec["orchestrator_spec"]["slurm_spec"].update(
-        accounting={"accounting_storage_enforce": "associations,limits,qos"},
-        scheduling={
-            "priority_type": "priority/multifactor",
-            "priority_weight_age": 1000,
-            "priority_weight_fairshare": 10000,
-            "preempt_type": "preempt/qos",
-            "preempt_mode": "REQUEUE",
-            "preempt_exempt_time": "00:10:00",
-        },
-    )
-    validate_spec(spec, backends=all_backends())
+    spec["orchestrator_spec"]["slurm_spec"].update(accounting=dict(accounting), scheduling=dict(scheduling))
+    slurm = validate_spec(spec, backends=all_backends())["orchestrator_spec"]["slurm_spec"]
+    assert (slurm["accounting"], slurm["scheduling"]) == (accounting, scheduling)

@@ -74,6 +74,31 @@ def test_it_writes_only_what_changed_in_bulk(cluster, scripted):
     assert SlurmJob.objects.get(cluster=cluster, job_id=1).state == "UNKNOWN"
 
 
+def test_a_hook_that_raises_is_an_event_and_the_sync_and_the_other_hooks_still_finish(cluster, scripted, monkeypatch):
+    from clusters.services import sync
+
+    seen = []
+
+    def broken(cluster, jobs):
+        raise RuntimeError("the registry exploded")
+
+    def after(cluster, jobs):
+        seen.append(sorted(jobs))
+
+    monkeypatch.setattr(sync, "HOOKS", [broken, after])
+    scripted.queue = [job(7)]
+    assert services.sync_cluster(cluster) == ""
+    assert seen == [[7]]
+    assert cluster.slurm_jobs.get().job_id == 7 and SlurmSync.objects.get(pk=cluster.pk).error == ""
+    failures = cluster.events.filter(level=EventLevel.ERROR, message__contains="the registry exploded")
+    assert failures.count() == 1 and "broken failed: RuntimeError" in failures.get().message
+    assert services.sync_cluster(cluster) == "" and seen == [[7], [7]]
+    assert failures.count() == 1  # once on the timeline, not once per sync
+
+    assert services.sync_cluster(cluster, hooks=False) == ""  # the pull round alone (scans, repairs)
+    assert seen == [[7], [7]]
+
+
 def test_pages_and_get_endpoints_read_the_database_and_never_ask_slurm(cluster, scripted, alice_web, alice):
     scripted.queue = [job(7)]
     services.sync_cluster(cluster)

@@ -10,7 +10,7 @@ from clusters.backends import get_backend
 from clusters.choices import ClusterStatus, OperationStatus
 
 from .conftest import Worker, example_spec, purge_queue, wait_until
-from .test_provisioning import finished, idle_nodes, slurmd_pids
+from .factories import finished, idle_nodes, slurmd_pids
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -494,6 +494,9 @@ def main(argv=None):
         help="where TensorBoard listens (the console proxies to it)",
     )
     parser.add_argument("--account-prefix", default=ACCOUNTS["prefix"], help="the console's POSIX account prefix")
+    parser.add_argument(
+        "--port-file", help="write the port it listens on here once it does (with --listen HOST:0, a free one)"
+    )
     args = parser.parse_args(argv)
     if args.slurm_conf:
         os.environ["SLURM_CONF"] = args.slurm_conf
@@ -503,6 +506,11 @@ def main(argv=None):
     ACCOUNTS["prefix"] = args.account_prefix
     tensorboard = TensorBoard(args.tensorboard_python, args.tensorboard_host) if args.tensorboard_python else None
     server = ThreadingHTTPServer((host, int(port)), handler_for(Home(args.home), key, tensorboard))
+    if args.port_file:
+        partial = f"{args.port_file}.partial"
+        with open(partial, "w") as handle:
+            handle.write(str(server.server_address[1]))
+        os.replace(partial, args.port_file)
     try:
         server.serve_forever()
     finally:

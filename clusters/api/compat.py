@@ -15,6 +15,7 @@ as `Authorization: Bearer <token>`.
 
 import base64
 import binascii
+import json
 import re
 import uuid
 
@@ -33,6 +34,7 @@ from .. import access, services
 from ..choices import ClusterStatus, OperationStatus
 from ..models import Operation
 from ..operations import kind
+from .compat_schema import document
 
 TYPE_PREFIX = "type.googleapis.com/google.cloud.aiplatform.v1beta1."
 # The HTTP status each google.rpc status answers with (google.rpc.Code's HTTP mapping).
@@ -305,7 +307,6 @@ class CompatSlurmRestApi(CompatView):
     """`:callSlurmRestApi`: one request forwarded to the cluster's slurmrestd after the console's checks."""
 
     def post(self, request, project, location, cluster):
-        import json
 
         cluster = self.cluster(project, location, cluster, access.RUN)
         body = request.data if isinstance(request.data, dict) else {}
@@ -402,7 +403,6 @@ class CompatOpenApi(CompatView):
     """The OpenAPI document of these paths (clusters/api/compat_schema.py)."""
 
     def get(self, request):
-        from .compat_schema import document
 
         return Response(document())
 

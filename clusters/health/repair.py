@@ -15,7 +15,7 @@ from django.db import transaction
 from console.errors import Conflict, ConsoleError
 
 from .. import services
-from ..choices import ClusterStatus, EventLevel, NodeRole, NodeState, OperationKind, OperationStatus
+from ..choices import ClusterStatus, EventLevel, NodeRole, NodeState, OperationKind
 from ..events import record_event
 from ..models import Node
 from ..operations import start
@@ -104,7 +104,7 @@ def start_repair(cluster, node_name, failure, detail, user=None, verify=False):
 
     With `verify` (a failure a check found), the repair ends with a scan of that check: the repair
     is judged by the check that failed, not by the action having run."""
-    if cluster.operations.filter(status__in=OperationStatus.active()).exists():
+    if cluster.active_operation() is not None:
         return None
     try:
         with transaction.atomic():

@@ -38,6 +38,15 @@ class Kind:
     on_failure: object = nothing  # (ctx, message) -> None, once it is marked failed
     # What v1beta1 answers once it is done: the cluster resource, or google.protobuf.Empty.
     response: str = "cluster"
+    # Whether it holds the cluster: at most one exclusive operation is active per cluster (the database
+    # says so), and it is the one the cluster page shows. A kind that only reads the cluster and submits
+    # a job (a recipe launch) is not exclusive: several may run beside each other and beside a scan.
+    # It must leave the cluster's status alone (busy_status "").
+    exclusive: bool = True
+
+    def __post_init__(self):
+        if not self.exclusive and self.busy_status:
+            raise ValueError(f"{self.name}: a kind that does not hold the cluster cannot move its status")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from kombu.exceptions import OperationalError
 
 from console.errors import Conflict, Unavailable
 
-from ..choices import ClusterStatus, OperationStatus
+from ..choices import ClusterStatus
 from ..events import record_event
 from ..models import Cluster, Operation
 from . import registry
@@ -37,7 +37,7 @@ def start(cluster, kind, *, message, user=None, params=None):
         try:
             with transaction.atomic():
                 operation = Operation.objects.create(
-                    cluster=cluster, kind=spec.name, created_by=user, params=params or {}
+                    cluster=cluster, kind=spec.name, created_by=user, params=params or {}, exclusive=spec.exclusive
                 )
         except IntegrityError:
             cluster.status, cluster.status_message, cluster.updated = before
@@ -86,7 +86,7 @@ def refusal(cluster, spec):
 
 
 def busy(cluster):
-    active = cluster.operations.filter(status__in=OperationStatus.active()).order_by("created").first()
+    active = cluster.active_operation()
     if active is None:
         return f"Cluster '{cluster.name}' has another operation starting; try again in a moment"
     label = registry.kind(active.kind).label.lower() if active.kind in registry.kinds() else active.kind.lower()

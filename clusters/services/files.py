@@ -3,6 +3,8 @@ console opens itself. Paths are relative to the cluster's shared home (e.g. "run
 the agent refuses anything that leads outside it. Failures are ConsoleErrors: Unavailable (503) when
 the agent does not answer, Conflict when it refuses (no such file, a path outside the home)."""
 
+import secrets
+
 from console.errors import Conflict, Unavailable
 
 from ..backends import get_backend
@@ -82,7 +84,6 @@ def upload_folder(cluster, source, path, mode=0o644):
     """Copy the local folder `source`'s files to the cluster's folder `path`, which appears whole or not
     at all (written beside it, then moved); a folder already there is kept (the same content, staged by
     someone else first). Returns whether this call put it there."""
-    import secrets
 
     if file_exists(cluster, path):
         return False

@@ -60,6 +60,12 @@ def job_status(cluster, job_id):
     return call(cluster, "job_status", job_id)
 
 
+def jobs_named(cluster, name):
+    """The jobs in Slurm's queue now (recently ended ones included) called `name` (for workers: pages
+    read the synced rows)."""
+    return [job for job in call(cluster, "jobs") if job.name == name]
+
+
 def cancel_job(cluster, job_id):
     return call(cluster, "cancel_job", job_id)
 

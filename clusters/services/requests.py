@@ -17,18 +17,16 @@ from ..models import Cluster, Operation
 from ..operations import start
 from ..spec import SpecError, normalize, validate_spec
 from ..spec.plan import cost, quota
-from ..spec.validator import RESOURCE_ID
+from ..spec.validator import ID_RULE, RESOURCE_ID
 from ..topology import build_topology, resize_pools
 from ..work import BackendError
-
-CLUSTER_ID_RULE = "must be 1-63 lowercase letters, digits or hyphens, starting with a letter"
 
 
 def validate_request(name, spec):
     """The validated spec; raises SpecError naming every bad field, the cluster id among them."""
     errors = {}
     if not isinstance(name, str) or not RESOURCE_ID.match(name):
-        errors["cluster_id"] = [CLUSTER_ID_RULE]
+        errors["cluster_id"] = [ID_RULE]
     try:
         spec = validate_spec(spec, backends=all_backends())
     except SpecError as exc:
@@ -105,7 +103,7 @@ def preflight(*, project, spec):
 def create_draft(*, project, name, spec, user=None):
     """A DRAFT cluster holding a spec in progress (the wizard's); nothing is validated but the id."""
     if not isinstance(name, str) or not RESOURCE_ID.match(name):
-        raise SpecError({"cluster_id": [CLUSTER_ID_RULE]})
+        raise SpecError({"cluster_id": [ID_RULE]})
     spec = normalize(spec) if isinstance(spec, dict) else {}
     with transaction.atomic():
         cluster = new_cluster(project=project, name=name, spec=spec, status=ClusterStatus.DRAFT, user=user)
@@ -119,7 +117,7 @@ def save_draft(cluster, spec, name=None):
     fields = {"spec": spec, "location": region_of(spec), "backend": backend_of(spec), "updated": timezone.now()}
     if name is not None and name != cluster.name:
         if not isinstance(name, str) or not RESOURCE_ID.match(name):
-            raise SpecError({"cluster_id": [CLUSTER_ID_RULE]})
+            raise SpecError({"cluster_id": [ID_RULE]})
         if Cluster.objects.live().filter(project=cluster.project, name=name).exclude(pk=cluster.pk).exists():
             raise SpecError({"cluster_id": [f"a cluster named '{name}' already exists in this project"]})
         fields["name"] = name

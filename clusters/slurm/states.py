@@ -16,7 +16,7 @@ NODE_UNSCHEDULABLE = frozenset({"down", "drained", "draining", "drain", "fail", 
 # Flags on which no new job starts, whatever the base state.
 FLAGS_UNSCHEDULABLE = frozenset({"drain", "not_responding"})
 
-NODE_STATE_COLOURS = {
+SLURM_NODE_STATE_COLOURS = {
     "idle": "green",
     "mixed": "green",
     "allocated": "blue",
@@ -53,7 +53,7 @@ def is_schedulable(display_state):
 
 
 def node_colour(display_state):
-    return NODE_STATE_COLOURS.get(split_state(display_state)[0], "grey")
+    return SLURM_NODE_STATE_COLOURS.get(split_state(display_state)[0], "grey")
 
 
 # -- jobs -------------------------------------------------------------------------------------

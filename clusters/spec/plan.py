@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from ..choices import ClusterStatus
 from .catalog import machine_type_info
 from .validator import pool_node_count
 
@@ -116,7 +117,6 @@ def requested(spec):
 
 def quota(project, spec, exclude=None):
     """The project's node and GPU quota against what its live clusters hold and what `spec` asks for."""
-    from ..choices import ClusterStatus
 
     in_use_nodes = in_use_gpus = 0
     clusters = project.clusters.exclude(status__in=[ClusterStatus.DELETED, ClusterStatus.DRAFT])

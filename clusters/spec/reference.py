@@ -5,6 +5,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from .catalog import machine_type_info
+
 DATA = Path(__file__).resolve().parent.parent / "data" / "reference_architectures.json"
 REQUIRED = {
     "id",
@@ -34,7 +36,6 @@ class Architecture:
 @cache
 def architectures():
     """{id: Architecture}, checked on load so a broken data file fails loudly at start, not mid-wizard."""
-    from .catalog import machine_type_info
 
     items = {}
     for entry in json.loads(DATA.read_text())["architectures"]:
@@ -54,7 +55,6 @@ def architectures():
 
 def build_spec(arch_id, *, display_name, zone, nodes, provisioning_model="ON_DEMAND", reservation="", backend="local"):
     """The full cluster spec for a reference architecture and the few values the user chose."""
-    from .catalog import machine_type_info
 
     arch = architectures()[arch_id].data
     machine = machine_type_info(arch["machine_type"])

@@ -17,7 +17,8 @@ BOOT_DISK_TYPES = ("pd-standard", "pd-balanced", "pd-ssd", "hyperdisk-balanced",
 # \Z, not $: `$` also matches before a trailing newline, so "demo\n" would pass as an id.
 DISPLAY_NAME = re.compile(r"[a-z][a-z0-9]{0,9}\Z")
 RESOURCE_ID = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?\Z")
-ID_RULE = "must be lowercase letters, digits and hyphens, starting with a letter"  # RESOURCE_ID in words
+# RESOURCE_ID in words: every id the console takes (clusters, pools, partitions, models, endpoints) says this.
+ID_RULE = "must be 1-63 lowercase letters, digits or hyphens, starting with a letter and not ending with a hyphen"
 ZONE = re.compile(r"(?P<region>[a-z]+-[a-z]+[0-9]+)-[a-z]\Z")
 # Bounds that keep every number inside what the database and the clouds hold. Node counts per pool:
 # the console's own sanity bound (the project quota is the real limit); boot disks: Compute Engine's

@@ -18,6 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+# torch and the libraries on top of it are imported inside the functions that use them (start-up cost:
+# torch alone takes about 1.4 s), so `--help`, the health agent and the console's imports stay fast.
+
 TP_PLAN = {  # Megatron-style: column-parallel in, row-parallel out, so each block needs one all-reduce
     "self_attn.q_proj": "colwise",
     "self_attn.k_proj": "colwise",

@@ -21,14 +21,20 @@ ready: the console reads it through the cluster agent and routes to it.
 import argparse
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+# torch and the libraries on top of it are imported inside the functions that use them (start-up cost:
+# torch alone takes about 1.4 s), so `--help`, the health agent and the console's imports stay fast.
 
 MAX_BODY = 1 << 20
 MAX_NEW_TOKENS = 256
@@ -211,18 +217,46 @@ def free_port():
         return probe.getsockname()[1]
 
 
+ENGINE_STOP_GRACE = 20  # seconds an engine has to finish after SIGTERM before it is killed
+
+
+def die_with_parent():
+    """In the engine's process, before exec: the kernel sends it SIGKILL when this wrapper dies, even by
+    SIGKILL (PR_SET_PDEATHSIG), so an engine never outlives its replica."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def stop_engine(server):
+    """SIGTERM to the engine now, SIGKILL after the grace period if it is still there. It does not wait
+    (a signal handler may run inside Popen.wait, whose lock it holds): the caller's wait() ends once the
+    engine has."""
+    if server.returncode is None:
+        server.terminate()
+        killer = threading.Timer(ENGINE_STOP_GRACE, lambda: server.returncode is None and server.kill())
+        killer.daemon = True
+        killer.start()
+
+
 def serve_vllm(args, timeout=1800):
     """GPU partitions: vLLM's own OpenAI-compatible server on the node's GPUs (it must be installed in
-    the nodes' image), announced once its /health answers; this process lives as long as it does.
-    vLLM's answers do not name the version: the router adds X-Model-Version from its table."""
-    import subprocess
-    import urllib.request
-
+    the nodes' image), announced once its /health answers; this process lives as long as it does, and
+    the engine as long as this process: a SIGTERM or SIGINT here (scancel, the reconcile's drain) stops
+    the engine first. vLLM's answers do not name the version: the router adds X-Model-Version from its
+    table."""
     port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
                "--served-model-name", args.served_name, "--host", "0.0.0.0", "--port", str(port),
                "--tensor-parallel-size", str(args.gpus)]  # fmt: skip
-    server = subprocess.Popen(command)
+    server = subprocess.Popen(command, preexec_fn=die_with_parent)
+
+    def stop(signum, frame):
+        stop_engine(server)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -234,7 +268,8 @@ def serve_vllm(args, timeout=1800):
         except OSError:
             time.sleep(1)
     else:
-        server.terminate()
+        stop_engine(server)
+        server.wait()
         return 1
     announce(args.announce, port, args.version)
     return server.wait()

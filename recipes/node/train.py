@@ -24,6 +24,12 @@ import sys
 import time
 from pathlib import Path
 
+from clusters.rendezvous import dist_env
+from recipes.node import distributed
+
+# torch and the libraries on top of it are imported inside the functions that use them (start-up cost:
+# torch alone takes about 1.4 s), so `--help`, the health agent and the console's imports stay fast.
+
 WORDS = (
     "the",
     "model",
@@ -232,9 +238,6 @@ def train(config):
     the mean over the global batch's tokens, the same at any world size."""
     import torch
     from torch.utils.tensorboard import SummaryWriter
-
-    from clusters.rendezvous import dist_env
-    from recipes.node import distributed
 
     rank, world, local_rank = dist_env()
     use_gpu = torch.cuda.is_available() and config.get("device", "auto") != "cpu"
@@ -477,8 +480,6 @@ def train_rl(config):
     from torch.utils.tensorboard import SummaryWriter
     from transformers import TrainerCallback
 
-    from recipes.node import distributed
-
     out = Path(config["output_dir"])
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     rows = read_rows(config["dataset"])
@@ -576,7 +577,6 @@ def export(config, checkpoint, folder, **about):
     tokenizer): what `init_from: "hf:<folder>"` reads, what the registry stores, and what transformers
     and vLLM load. One process holds the whole model (in fp32): fine for the tiny profiles; a 70B
     exports from its sharded checkpoint with `--export` on a node with the memory for it."""
-    from recipes.node import distributed
 
     model = build_model(config)
     step = distributed.load_weights(checkpoint, model)

@@ -3,6 +3,7 @@ version onto a cluster. Pages, the API, runs and serving call these functions.""
 
 from .versions import (
     ALIAS,
+    ALIAS_RULE,
     REF,
     RegistryUnavailable,
     after_sync,
@@ -29,6 +30,7 @@ from .versions import (
 
 __all__ = [
     "ALIAS",
+    "ALIAS_RULE",
     "REF",
     "RegistryUnavailable",
     "after_sync",

@@ -37,7 +37,11 @@ from ..catalog import get_recipe
 from ..models import Endpoint, EndpointStatus, ModelVersion, ReplicaState, Run, RunStatus
 from ..queue import later
 
+# mlflow is imported inside the functions that call it (start-up cost: about 1.3 s, paid only by the
+# processes that talk to the registry).
+
 ALIAS = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+ALIAS_RULE = "an alias is lowercase letters, digits, '-' and '_', starting with a letter ('latest' is MLflow's own)"
 REF = re.compile(r"^(?P<name>[a-z][a-z0-9-]*)(?::v(?P<version>\d+)|@(?P<alias>[a-z][a-z0-9_-]*))$")
 PARAMS = ("recipe", "family", "kind", "profile", "steps", "seq_len", "micro_batch", "lr", "precision", "seed")
 METRICS_PER_CALL = 900  # MLflow's log_batch takes at most 1,000 metrics
@@ -282,6 +286,7 @@ def staged_path(version):
 def version_config(version):
     """The version's config.json from the registry's artifact store (read, never written anywhere but a
     temporary folder of this process)."""
+    check_files(version)
     with tempfile.TemporaryDirectory(prefix="tcc-config-") as temporary:
         with answering("read the model's config"):
             if version.mlflow_run_id:
@@ -294,15 +299,22 @@ def version_config(version):
             raise ConsoleError(f"{version.ref}'s artifact in the registry has no readable config.json") from None
 
 
+def check_files(version):
+    """ConsoleError when a version the registry logged has lost its files (config.json) from the artifact
+    store: a missing file is the request's problem, not the registry's silence."""
+    if not version.mlflow_run_id:
+        return
+    with answering("list the model's files"):
+        files = client().list_artifacts(version.mlflow_run_id, "model")
+    if not any(f.path.endswith("/config.json") for f in files):
+        raise ConsoleError(f"{version.ref}'s files are missing from the registry's artifact store")
+
+
 def stage(version, cluster):
     """The version's Hugging Face format folder in the cluster's shared home ("models/<name>/v<N>"),
     copied there from the registry the first time (a folder half copied is never seen)."""
     path = staged_path(version)
-    if version.mlflow_run_id:
-        with answering("list the model's files"):
-            files = client().list_artifacts(version.mlflow_run_id, "model")
-        if not any(f.path.endswith("/config.json") for f in files):
-            raise ConsoleError(f"{version.ref}'s files are missing from the registry's artifact store")
+    check_files(version)
     if clusters.file_exists(cluster, f"{path}/config.json"):
         return path
     with tempfile.TemporaryDirectory(prefix="tcc-stage-") as temporary:
@@ -340,8 +352,7 @@ def aliases(project, name):
 
 def check_alias(alias):
     if not isinstance(alias, str) or not ALIAS.match(alias) or alias.lower() == "latest":
-        raise FieldErrors({"alias": ["an alias is lowercase letters, digits, '-' and '_', starting with a letter "
-                                     "('latest' is MLflow's own)"]})  # fmt: skip
+        raise FieldErrors({"alias": [ALIAS_RULE]})
 
 
 def set_alias(project, name, alias, number, *, user=None):

@@ -12,6 +12,7 @@ from clusters import access
 from console.actions import act
 from console.charts import line_chart
 from console.errors import ConsoleError
+from console.fields import whole_number
 
 from .. import registry
 from ..models import ModelVersion
@@ -91,10 +92,7 @@ def compare(request, project, name):
     numbers = {v.version: v for v in versions}
     picked = []
     for key in ("a", "b"):
-        try:
-            picked.append(numbers[int(request.GET.get(key, ""))])
-        except (KeyError, ValueError):
-            picked.append(None)
+        picked.append(numbers.get(whole_number(request.GET.get(key, ""), key, {})))
     sides, problem = [], ""
     for version in picked:
         if version is None:

@@ -2,12 +2,14 @@
 registering it. A ConsoleError a service raises is answered by /api/v1's one error handler."""
 
 from django.shortcuts import get_object_or_404
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from clusters import access
+from clusters.api.serializers import OperationSerializer
 from console.errors import ConsoleError
 
 from .. import registry, runs
@@ -20,13 +22,14 @@ class RunSerializer(serializers.ModelSerializer):
     id = serializers.UUIDField(source="uuid")
     summary = serializers.SerializerMethodField()
     layout = serializers.SerializerMethodField()
+    launch = OperationSerializer(read_only=True)
 
     class Meta:
         model = Run
         fields = [
-            "id", "recipe_id", "profile", "partition", "nodes", "steps", "status", "slurm_job_id", "slurm_state",
-            "slurm_reason", "exit_code", "error", "work_dir", "script", "summary", "layout", "created", "started",
-            "finished",
+            "id", "launch", "recipe_id", "profile", "partition", "nodes", "steps", "status", "slurm_job_id",
+            "slurm_state", "slurm_reason", "exit_code", "error", "work_dir", "script", "summary", "layout", "created",
+            "started", "finished",
         ]  # fmt: skip
 
     def get_summary(self, run) -> dict:
@@ -75,14 +78,17 @@ class RunList(APIView):
         cluster = access.cluster(request.user, project, cluster)
         return Response(RunSerializer(cluster.runs.all()[:200], many=True).data)
 
-    @extend_schema(request=LaunchSerializer, responses={201: RunSerializer})
+    @extend_schema(request=LaunchSerializer, responses={202: RunSerializer})
     def post(self, request, project, cluster):
+        """Accepted: the run (SUBMITTING) with its `launch` operation; poll the run (or the operation) until
+        the run is QUEUED with its Slurm job id, or FAILED with the launch's error."""
         cluster = access.cluster(request.user, project, cluster, access.RUN)
         if not isinstance(request.data, dict):
             raise ConsoleError("The body must be a JSON object.")
         data = {k: (str(v) if v is not None else "") for k, v in request.data.items()}
         run = runs.launch_run(cluster=cluster, data=data, user=request.user)
-        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+        headers = {"Location": reverse("api-run", args=[cluster.project.slug, cluster.name, run.uuid])}
+        return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED, headers=headers)
 
 
 def run_for(request, project, cluster, run, permission=access.GET):

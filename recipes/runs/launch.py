@@ -1,9 +1,11 @@
 """Launching recipes as Slurm jobs.
 
 A launch validates the request against the recipe and the cluster (partition, node count, GPUs, the
-memory fit), resolves the run config recipes/node/train.py reads, renders the sbatch script (the same
-one a user could submit from the login shell), writes both to the cluster's shared folder and submits.
-Following the job is recipes/runs/follow.py's.
+memory fit) in the request, then runs as a LAUNCH operation (registered here with the engine; it does
+not hold the cluster, so launches run beside each other and beside a scan): stage a registered model
+onto the cluster, install the node runtime, resolve the run config recipes/node/train.py reads, render
+the sbatch script (the same one a user could submit from the login shell), write both to the cluster's
+shared folder and submit, once. Following the job is recipes/runs/follow.py's.
 """
 
 import json
@@ -16,17 +18,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from django.db import transaction
+from django.utils import timezone
 
+from clusters import operations
 from clusters import services as clusters
+from clusters.choices import ClusterStatus
 from clusters.events import record_event
 from clusters.slurm import batch
 from clusters.spec.validator import ID_RULE, RESOURCE_ID
-from console.errors import Conflict, ConsoleError, FieldErrors
+from clusters.work import PermanentBackendError, Step, TransientBackendError
+from console.errors import Conflict, ConsoleError, FieldErrors, Unavailable
 from console.fields import whole_number
 
 from .. import registry
 from ..catalog import get_recipe, recipes
-from ..models import ModelVersion, Run
+from ..models import ModelVersion, Run, RunStatus
 from ..partitions import partition_shape
 from . import fit
 from .follow import in_run, latest_checkpoint
@@ -389,6 +395,9 @@ def interpreter_problem():
 
 
 def launch_run(*, cluster, data, user=None):
+    """Check a launch and start it: the Run row (SUBMITTING) and a LAUNCH operation that stages its model,
+    installs the node runtime, writes its files and submits it (launch_steps). Bad fields are FieldErrors
+    here, before anything is written; the request does no round trip that writes to the cluster."""
     problem = interpreter_problem() if user is not None else ""
     if problem:
         raise Conflict(f"Cannot launch on this console: {problem}")
@@ -396,44 +405,139 @@ def launch_run(*, cluster, data, user=None):
         raise Conflict(
             f"Cluster '{cluster.name}' is {cluster.get_status_display().lower()}; runs start on a ready cluster"
         )
-    launch = validate_launch(cluster, data)
-    run = Run(
-        cluster=cluster,
-        recipe_id=launch["recipe"]["id"],
-        profile=launch["profile_name"],
-        partition=launch["partition"],
-        nodes=launch["nodes"],
-        steps=launch["steps"],
-        init_from=launch["init_from"] if isinstance(launch["init_from"], Run) else None,
-        init_version=launch["init_from"].version if isinstance(launch["init_from"], HubFolder) else None,
-        created_by=user,
-    )
-    try:
-        work_dir = run_dir(cluster, run.uuid)
-    except ConsoleError as exc:
-        raise FieldErrors({"cluster": [exc.message]}) from None
-    run.work_dir = str(work_dir)
-    try:
-        runtime = clusters.node_runtime(cluster)
-    except ConsoleError as exc:
-        raise FieldErrors(
-            {"cluster": [f"could not install the console's code on the cluster: {exc.message}"]}
-        ) from None
-    run.config = resolve_config(launch, work_dir, runtime)
-    run.script = render_script(f"{launch['recipe']['id']}-{str(run.uuid)[:8]}", launch, work_dir, runtime)
-    try:
-        clusters.write_file(cluster, in_run(run, "config.json"), json.dumps(run.config, indent=2))
-        clusters.write_file(cluster, in_run(run, "job.sbatch"), run.script)
-    except ConsoleError as exc:
-        raise FieldErrors({"cluster": [f"could not write the run's files: {exc.message}"]}) from None
-    try:
-        run.slurm_job_id = clusters.submit_batch(cluster, in_run(run, "job.sbatch"), user=user)
-    except ConsoleError as exc:
-        raise FieldErrors({"cluster": [f"sbatch failed: {exc.message}"]}) from None
+    launch = validate_launch(cluster, data, stage=False)
     with transaction.atomic():
-        run.save()
-        record_event(
-            cluster,
-            f"Run {run.recipe_id} ({run.profile}) submitted as Slurm job {run.slurm_job_id} by {user or 'system'}",
+        run = Run.objects.create(
+            cluster=cluster,
+            recipe_id=launch["recipe"]["id"],
+            profile=launch["profile_name"],
+            partition=launch["partition"],
+            nodes=launch["nodes"],
+            steps=launch["steps"],
+            config={},
+            status=RunStatus.SUBMITTING,
+            init_from=launch["init_from"] if isinstance(launch["init_from"], Run) else None,
+            init_version=launch["init_from"].version if isinstance(launch["init_from"], HubFolder) else None,
+            created_by=user,
         )
+        run.launch = operations.start(
+            cluster,
+            LAUNCH,
+            message=f"Launching {run.recipe_id} ({run.profile}) for {user or 'system'}",
+            user=user,
+            params={"run": str(run.uuid), "request": data},
+        )
+        run.save(update_fields=["launch"])
     return run
+
+
+# The operation kind: its steps, each idempotent (a resumed launch runs them all again).
+
+LAUNCH = "LAUNCH"
+
+
+def run_of(ctx):
+    return Run.objects.select_related("cluster__project").get(uuid=ctx.params["run"])
+
+
+def as_step_error(exc):
+    """A service's refusal as the operation's failure: retried when the cluster was only not answering."""
+    error = TransientBackendError if isinstance(exc, Unavailable) else PermanentBackendError
+    if isinstance(exc, FieldErrors):
+        return error("; ".join(f"{field}: {' '.join(reasons)}" for field, reasons in exc.errors.items()))
+    return error(exc.message)
+
+
+def check_and_stage(ctx):
+    """The request checked again as the cluster is now, with a registered version copied onto it."""
+    try:
+        ctx.launch = validate_launch(ctx.cluster, ctx.params["request"])
+    except ConsoleError as exc:
+        raise as_step_error(exc) from None
+
+
+def install_runtime(ctx):
+    try:
+        ctx.runtime = clusters.node_runtime(ctx.cluster)
+    except ConsoleError as exc:
+        raise as_step_error(exc) from None
+
+
+def write_files(ctx):
+    run = run_of(ctx)
+    try:
+        work_dir = run_dir(ctx.cluster, run.uuid)
+    except ConsoleError as exc:
+        raise as_step_error(exc) from None
+    run.work_dir = str(work_dir)
+    run.config = resolve_config(ctx.launch, work_dir, ctx.runtime)
+    run.script = render_script(job_name(run), ctx.launch, work_dir, ctx.runtime)
+    try:
+        clusters.write_file(ctx.cluster, in_run(run, "config.json"), json.dumps(run.config, indent=2))
+        clusters.write_file(ctx.cluster, in_run(run, "job.sbatch"), run.script)
+    except ConsoleError as exc:
+        raise as_step_error(exc) from None
+    Run.objects.filter(pk=run.pk).update(work_dir=run.work_dir, config=run.config, script=run.script)
+
+
+def job_name(run):
+    return f"{run.recipe_id}-{str(run.uuid)[:8]}"
+
+
+def submit(ctx):
+    """Submit the job once. Its id is stored as soon as Slurm gives it; a launch resumed after its worker
+    died between Slurm's answer and that write finds the job by its name in Slurm's queue instead of
+    submitting it again."""
+    run = run_of(ctx)
+    if run.slurm_job_id is not None:
+        return
+    try:
+        found = clusters.jobs_named(ctx.cluster, job_name(run)) if ctx.attempt > 1 else []
+        job_id = (
+            found[0].job_id
+            if found
+            else clusters.submit_batch(ctx.cluster, in_run(run, "job.sbatch"), user=ctx.operation.created_by)
+        )
+    except ConsoleError as exc:
+        raise as_step_error(exc) from None
+    Run.objects.filter(pk=run.pk, slurm_job_id__isnull=True).update(slurm_job_id=job_id)
+
+
+def launch_steps(ctx):
+    return [
+        Step("Check the launch and stage its model", check_and_stage),
+        Step("Install the node runtime", install_runtime),
+        Step("Write the run's config and script", write_files),
+        Step("Submit the job to Slurm", submit),
+    ]
+
+
+def submitted(ctx):
+    run = run_of(ctx)
+    if run.set_status(RunStatus.QUEUED, expected=[RunStatus.SUBMITTING]):
+        record_event(
+            run.cluster,
+            f"Run {run.recipe_id} ({run.profile}) submitted as Slurm job {run.slurm_job_id} by "
+            f"{ctx.operation.created_by or 'system'}",
+            operation=ctx.operation,
+        )
+
+
+def not_submitted(ctx, message):
+    run = run_of(ctx)
+    run.set_status(RunStatus.FAILED, expected=[RunStatus.SUBMITTING], error=message[:2000], finished=timezone.now())
+
+
+operations.register(
+    operations.Kind(
+        name=LAUNCH,
+        label="Recipe launch",
+        metadata_type="GenericOperationMetadata",
+        starts_from=frozenset(ClusterStatus.usable()),
+        steps=launch_steps,
+        on_success=submitted,
+        on_failure=not_submitted,
+        response="empty",
+        exclusive=False,
+    )
+)

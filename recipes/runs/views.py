@@ -44,7 +44,7 @@ def run_new(request, project, name):
         try:
             if request.POST.get("confirm"):
                 run = runs.launch_run(cluster=cluster, data=form, user=request.user)
-                messages.success(request, f"Submitted Slurm job {run.slurm_job_id}.")
+                messages.success(request, "Launching: the run is submitted to Slurm once its files are written.")
                 return redirect(run)
             launch, script = runs.preview(cluster, form)
         except FieldErrors as exc:

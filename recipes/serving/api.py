@@ -7,6 +7,7 @@ from rest_framework.views import APIView
 
 from clusters import access
 from console.errors import ConsoleError, FieldErrors
+from console.fields import whole_number
 
 from .. import serving
 from ..models import Endpoint, EndpointStatus, ReplicaState
@@ -93,9 +94,10 @@ class EndpointMetrics(APIView):
     @extend_schema(responses={200: {"type": "object"}})
     def get(self, request, project, name):
         endpoint = endpoint_of(request, project, name)
-        try:
-            minutes = min(max(int(request.query_params.get("minutes", 15)), 1), 24 * 60)
-        except ValueError:
-            raise FieldErrors({"minutes": ["must be a whole number of minutes"]}) from None
+        errors = {}
+        minutes = whole_number(request.query_params.get("minutes", 15), "minutes", errors)
+        if errors:
+            raise FieldErrors(errors)
+        minutes = min(max(minutes, 1), 24 * 60)
         events = [{"time": e.time.isoformat(), "message": e.message} for e in endpoint.events.all()[:100]]
         return Response({"samples": serving.series(endpoint, minutes), "events": events})

@@ -75,7 +75,7 @@ def check(project, data, *, current=None):
         fields.update(version=number, alias="")
     else:
         if not isinstance(alias, str) or not registry.ALIAS.match(alias):
-            errors["alias"] = ["an alias is lowercase letters, digits, '-' and '_', starting with a letter"]
+            errors["alias"] = [registry.ALIAS_RULE]
         elif alias not in registry.aliases(project, model):
             errors["alias"] = [f"{model} has no alias {alias}; set it on the model first"]
         fields.update(alias=alias, version=None)

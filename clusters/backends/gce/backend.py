@@ -27,7 +27,7 @@ from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from .. import slurm_waits
 from ..base import AgentEndpoint, Backend, NodeShape, SlurmEndpoint, Step
-from . import fabric, instances, keys, network, slurm_conf, storage
+from . import fabric, instances, keys, network, preflight, slurm_conf, storage
 from .clients import Clients
 from .cloud import Cloud
 from .names import is_gpu_pool, names
@@ -76,7 +76,6 @@ class GceBackend(Backend):
         return []
 
     def preflight(self, project, spec):
-        from . import preflight
 
         return preflight.run(self.clients_for(project), project.gcp_project_id, spec)
 

@@ -9,6 +9,9 @@ from ...work import PermanentBackendError, TransientBackendError, heartbeat
 from .errors import map_api_error, map_operation_errors
 from .names import MARKER, OWNER_LABEL, names_for
 
+# google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
+# 1.4 s on this machine, paid only by the workers that act on gce clusters).
+
 
 class Cloud:
     """What the steps of one gce cluster share: clients, project, zone, names and the spec's blocks."""

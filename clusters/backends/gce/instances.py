@@ -12,6 +12,9 @@ from . import fabric, slurm_conf
 from .errors import map_api_error
 from .names import OWNER_LABEL, is_gpu_pool
 
+# google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
+# 1.4 s on this machine, paid only by the workers that act on gce clusters).
+
 
 def create_placement(cloud, pool):
     from google.cloud import compute_v1

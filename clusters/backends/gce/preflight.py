@@ -14,6 +14,9 @@ from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from ..base import Finding
 
+# google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
+# 1.4 s on this machine, paid only by the workers that act on gce clusters).
+
 FIXED_APIS = {"compute.googleapis.com": "Compute Engine", "secretmanager.googleapis.com": "Secret Manager (munge key)"}
 
 

@@ -7,6 +7,9 @@ read after the create and kept in backend_state for the startup script."""
 from ...work import TransientBackendError
 from .errors import map_api_error
 
+# google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
+# 1.4 s on this machine, paid only by the workers that act on gce clusters).
+
 
 def create_filestore(cloud):
     from google.cloud import filestore_v1

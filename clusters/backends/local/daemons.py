@@ -14,6 +14,7 @@ import time
 from django.conf import settings
 
 from ... import processes
+from ...agent import server
 from ...work import BackendError, TransientBackendError
 from ..base import Backend
 from . import conf
@@ -107,7 +108,6 @@ def agent_processes(paths):
 def start_agent(cluster, paths):
     """The cluster agent (clusters/agent/server.py) on 127.0.0.1, serving the cluster's home; as on a
     VM's controller, it runs as root beside slurmctld. One started with other arguments is replaced."""
-    from ...agent import server
 
     port = cluster.backend_state["ports"]["agent"]
     argv = [sys.executable, server.__file__, "--home", str(paths.jobs), "--key-file", str(paths.agent_key),

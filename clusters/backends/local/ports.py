@@ -6,6 +6,7 @@ import socket
 from django.conf import settings
 
 from ...choices import ClusterStatus
+from ...models import Cluster
 from ...work import TransientBackendError
 from ..base import Backend
 
@@ -48,7 +49,6 @@ def assign(cluster, wanted):
 
 def in_use():
     """Every port a live local cluster has been given."""
-    from ...models import Cluster
 
     used = set()
     for state in (
