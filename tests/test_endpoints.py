@@ -255,6 +255,25 @@ def test_a_bad_endpoint_gets_a_400_naming_the_field_and_nothing_is_made(alice_ap
 
 
 @pytest.mark.django_db
+def test_an_endpoint_goes_on_the_live_cluster_of_its_name_never_a_deleted_one(alice_api, deployable):
+    """alice deleted "demo" and made a new "demo": the endpoint is the new one's."""
+    from clusters.choices import ClusterStatus
+    from clusters.models import Cluster
+
+    from .conftest import provisioned
+
+    Cluster.objects.filter(name="demo").update(status=ClusterStatus.DELETED)
+    assert alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "demo", "spec": example_spec(cpu=1)},
+                          format="json").status_code == 202  # fmt: skip
+    provisioned(name="demo", status=ClusterStatus.PROVISIONING)
+    live = Cluster.objects.live().get(name="demo")
+    response = alice_api.post("/api/v1/projects/alpha/endpoints/", {"name": "chat", "cluster": "demo",
+                              "model": deployable, "version": 1}, format="json")  # fmt: skip
+    assert response.status_code == 201, response.content
+    assert Endpoint.objects.get().cluster == live
+
+
+@pytest.mark.django_db
 def test_the_endpoint_pages_say_what_to_do_and_charlie_gets_404(alice, charlie, client, deployable, alice_api):
     client.force_login(alice)
     page = client.get("/endpoints/").content.decode()

@@ -246,3 +246,28 @@ def test_a_launch_from_a_version_whose_files_are_gone_is_a_400_and_submits_nothi
     assert response.status_code == 400, response.content
     assert "files are missing from the registry's artifact store" in response.json()["init_from"][0]
     assert not Run.objects.exists()
+
+
+def test_a_launch_preview_from_a_registered_version_writes_nothing_anywhere(
+    alpha, alice, alice_api, client, mlflow_server, tmp_path, monkeypatch
+):
+    from clusters import services
+    from recipes.models import Run
+
+    from .conftest import example_spec, provisioned
+
+    assert alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "demo", "spec": example_spec(cpu=1)},
+                          format="json").status_code == 202  # fmt: skip
+    provisioned(name="demo")
+    name = fresh()
+    a_version(alpha, name, tmp_path)
+    written = []
+    for writer in ("write_file", "upload_folder", "submit_batch"):
+        monkeypatch.setattr(services, writer, lambda *args, writer=writer, **kwargs: written.append(writer))
+    monkeypatch.setattr(registry, "stage", lambda *args, **kwargs: written.append("stage"))
+    client.force_login(alice)
+    form = {"recipe": "llama3.1-8b-sft", "profile": "tiny", "nodes": "1", "steps": "2", "init_from": f"{name}:v1"}
+    page = client.post("/clusters/alpha/demo/runs/new/", form)
+    assert page.status_code == 200, page.context["errors"]
+    assert "srun" in page.content.decode()  # the script it would submit
+    assert written == [] and not Run.objects.exists()
