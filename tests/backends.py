@@ -42,7 +42,8 @@ class ScriptedBackend(Backend):
 
         self.ask_slurm()
         return [
-            NodeStatus(name=n.name, state="down" if n.name in self.down else "idle") for n in cluster.compute_nodes()
+            NodeStatus(name=n.name, state="down" if n.name in self.down else "idle", address=f"10.9.0.{n.index}")
+            for n in cluster.compute_nodes()
         ]
 
     def drain(self, cluster, node, reason):

@@ -2,8 +2,10 @@
 its allow-list, and what it refuses. Persona: mallory holds the agent's address and tries to leave the
 home or run something; the console holds the key."""
 
+import os
 import pwd
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -73,11 +75,78 @@ def test_mallory_cannot_leave_the_home(agent, path):
     assert (root / "agent.key").stat().st_size == 32  # the key is untouched
 
 
-def test_a_link_that_stays_inside_the_home_is_followed(agent):
+def test_it_follows_no_link_even_one_that_stays_inside_the_home(agent):
     client, home, _root = agent
     (home / "data.txt").write_text("inside\n")
     (home / "alias.txt").symlink_to(home / "data.txt")
-    assert client.read("alias.txt") == b"inside\n"
+    (home / "shelf").mkdir()
+    (home / "door").symlink_to(home / "shelf")
+    for read in (lambda: client.read("alias.txt"), lambda: client.tail("alias.txt"), lambda: client.list("door")):
+        with pytest.raises(AgentRefused) as refused:
+            read()
+        assert refused.value.status == 400 and "follows no link" in str(refused.value)
+
+
+MALLORY = 65534  # a project member: her jobs write in the project's home as her own account (here: nobody)
+
+
+def planted(home, path, target):
+    """A link `path` -> `target` that mallory's job made in the home."""
+    link = home / path
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+    os.lchown(link, MALLORY, MALLORY)
+    return link
+
+
+def test_mallorys_link_in_place_of_a_run_file_is_not_written_through(agent):
+    client, home, _root = agent
+    runtime = home / ".tcc/runtime-abc/train.py"  # root's: every user's job runs it
+    runtime.parent.mkdir(parents=True)
+    runtime.write_text("the console's code\n")
+    planted(home, "runs/41/config.json", "../../.tcc/runtime-abc/train.py")
+    with pytest.raises(AgentRefused, match="follows no link"):
+        client.write("runs/41/config.json", b'{"steps": 3}\n')
+    assert runtime.read_text() == "the console's code\n"
+    planted(home, "runs/41/part", "../../.tcc/runtime-abc/train.py")  # appending a part through her link
+    with pytest.raises(AgentRefused) as refused:
+        client.call("write", path="runs/41/part", data="eA==", offset=runtime.stat().st_size)
+    assert refused.value.status == 400 and "follows no link" in str(refused.value)
+    assert runtime.read_text() == "the console's code\n"
+
+
+def test_mallory_cannot_have_another_folder_handed_to_her_through_a_link(agent):
+    client, home, _root = agent
+    theirs = home / "runs/42"
+    theirs.mkdir(parents=True)
+    (theirs / "secret.txt").write_text("bob's run\n")
+    planted(home, "runs/43", "42")
+    with pytest.raises(AgentRefused, match="not a link"):
+        client.own("runs/43", "nobody")
+    assert (theirs.stat().st_uid, (theirs / "secret.txt").stat().st_uid) == (0, 0)
+    victim = home / "runs/44/victim"
+    victim.parent.mkdir(parents=True)
+    victim.write_text("root's\n")
+    planted(home, "runs/45/link", "../44/victim")  # a link inside a folder handed over changes hands itself
+    (home / "runs/45").chmod(0o755)
+    client.own("runs/45", "nobody")
+    assert victim.stat().st_uid == 0 and (home / "runs/45/link").lstat().st_uid == MALLORY
+
+
+def test_the_console_never_uses_a_folder_of_its_own_that_mallory_made_first(agent):
+    client, home, _root = agent
+    fake = home / "models"
+    fake.mkdir(exist_ok=True)
+    os.chown(fake, MALLORY, MALLORY)
+    try:
+        with pytest.raises(AgentRefused, match="models/ in the cluster's home was made by uid 65534") as refused:
+            client.write("models/alpha.llama/v1/config.json", b"{}")
+        assert refused.value.status == 409
+        assert not (fake / "alpha.llama").exists()
+    finally:
+        shutil.rmtree(fake)
+    client.write("models/alpha.llama/v1/config.json", b"{}")  # once it is gone, the agent makes its own
+    assert ((home / "models").stat().st_uid, oct((home / "models").stat().st_mode & 0o777)) == (0, "0o755")
 
 
 def test_it_refuses_unknown_operations_a_wrong_key_and_oversized_writes(agent):

@@ -446,3 +446,44 @@ def test_it_waits_out_the_cooldown_and_scales_down_only_when_idle(scaled):
     autoscale(scaled, now)
     assert Endpoint.objects.get(pk=scaled.pk).desired_replicas == 2
     assert [e.message for e in scaled.events.all()] == ["Scaled down to 2 replicas: no request for 300 s"]
+
+
+@pytest.mark.django_db
+def test_a_replica_is_reached_where_slurm_runs_its_job_never_where_its_announce_file_points(
+    scripted, alpha, alice, monkeypatch
+):
+    """mallory's replica job writes the announce file: a host there would send the router's and the
+    console's requests (with their headers) wherever she likes: the cloud's metadata server, the
+    console's own services. Only the port is taken from the file; the host is the job's node in Slurm."""
+    from clusters import services
+    from clusters.models import Cluster
+    from clusters.operations import engine
+    from clusters.slurm.states import JobStatus
+    from recipes.models import ModelVersion
+    from recipes.serving import replicas
+
+    from .conftest import scripted_spec
+
+    engine.run(services.create_cluster(project=alpha, name="ok", spec=scripted_spec(cpu=2), user=alice).pk)
+    cluster = Cluster.objects.get(name="ok")
+    version = ModelVersion.objects.create(project=alpha, name="llama", version=1, family="llama", checkpoint="x",
+                                          step=1)  # fmt: skip
+    endpoint = Endpoint.objects.create(project=alpha, cluster=cluster, name="chat", model_name="llama", version=1)
+    replica = Replica.objects.create(endpoint=endpoint, version=version, version_ref="llama:v1", slurm_job_id=77,
+                                     folder="endpoints/x/replica-1")  # fmt: skip
+    announce = {"host": "169.254.169.254", "port": 41000, "version": "llama:v1"}
+    monkeypatch.setattr(services, "read_file", lambda cluster, path: json.dumps(announce).encode())
+    running_on = {"nodes": ""}
+    scripted.job_status = lambda cluster, job_id: JobStatus(job_id=job_id, name="serve", user="alice", state="RUNNING",
+                                                            partition="cpu", node_count=1, **running_on)  # fmt: skip
+    replicas.follow(replica)  # the job has no node yet: nothing is taken from the file
+    assert Replica.objects.get(pk=replica.pk).host == ""
+    running_on["nodes"] = "cpu-1"
+    replicas.follow(replica)
+    stored = Replica.objects.get(pk=replica.pk)
+    assert (stored.host, stored.port) == ("10.9.0.1", 41000)
+    announce["port"] = 22
+    stored.host = ""
+    stored.save()
+    replicas.follow(stored)
+    assert Replica.objects.get(pk=replica.pk).host == ""  # a port below 1024 is no replica's

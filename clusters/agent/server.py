@@ -4,7 +4,10 @@
 
 Every request is `POST /v1/<operation>` with a JSON object and `Authorization: Bearer <key>` (the hex
 of the cluster's agent key file, compared in constant time). Operations, all on paths RELATIVE to the cluster's
-shared home and resolved inside it (no absolute paths, no `..`, no NUL, and no symlink that leads out):
+shared home, walked inside it with directory descriptors (no absolute paths, no `..`, no NUL, and no
+link anywhere on the path: the agent runs as root in a home every project member can write, so it
+follows no link at all). The home's runs/, models/, scans/ and .tcc/ are the agent's own (root's);
+one a user made first is refused (409), never used:
 
     stat  {path}                         -> {exists, size, is_dir, owner}
     read  {path, offset=0, limit=1 MiB}  -> {data (base64), offset, size}      whole lines not promised
@@ -35,6 +38,7 @@ joins only accounts and groups named with --account-prefix, never the machine's 
 import argparse
 import base64
 import binascii
+import contextlib
 import fnmatch
 import grp
 import hmac
@@ -42,11 +46,12 @@ import json
 import os
 import pwd
 import re
+import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from http import HTTPStatus
@@ -69,22 +74,107 @@ def bad(message):
     return Refused(HTTPStatus.BAD_REQUEST, message)
 
 
+# Top-level folders of the home that only the agent (root) makes: what it writes there (run files, staged
+# models, scan jobs and their results, the nodes' runtime) is trusted by the console and by every user's
+# jobs, so one a user made first (the home is the project's, group-writable) is never used.
+AGENT_FOLDERS = frozenset({"runs", "models", "scans", ".tcc"})
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 class Home:
+    """The cluster's shared home. Every path is walked from the home's own folder one component at a
+    time with directory descriptors and O_NOFOLLOW, and each operation acts on a descriptor of what it
+    found: a link anywhere on the path is refused, so a link planted by a user's job (the agent runs as
+    root) is never followed, not even one swapped in between a check and its use."""
+
     def __init__(self, root):
         self.root = os.path.realpath(root)
 
-    def resolve(self, path, *, must_exist=True):
-        """The real path of `path` (relative to the home), refused when it would leave the home."""
+    def parts(self, path):
+        """The components of `path` (relative to the home), refused when it could leave the home."""
         if not isinstance(path, str) or not path or "\x00" in path or len(path) > 1024:
             raise bad("path must be a non-empty relative path")
         if path.startswith("/") or any(part == ".." for part in path.split("/")):
             raise bad("path must be relative to the cluster's home, without '..'")
-        real = os.path.realpath(os.path.join(self.root, path))
-        if real != self.root and not real.startswith(self.root + os.sep):
-            raise bad("path leads outside the cluster's home")
-        if must_exist and not os.path.exists(real):
-            raise Refused(HTTPStatus.NOT_FOUND, f"no such file: {path}")
-        return real
+        return [part for part in path.split("/") if part not in ("", ".")]
+
+    @contextlib.contextmanager
+    def folder(self, parts, *, create=False):
+        """A descriptor of the folder at `parts` below the home (the home itself for []), made (with its
+        parents) when `create`. 400 when a component is a link or not a folder, 404 when it is missing
+        and not `create`, 409 when one of AGENT_FOLDERS was made by someone other than root."""
+        fd = os.open(self.root, FOLDER_FLAGS)
+        try:
+            for depth, part in enumerate(parts):
+                try:
+                    child = open_folder(part, fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise Refused(HTTPStatus.NOT_FOUND, f"no such folder: {'/'.join(parts[: depth + 1])}") from None
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755 if depth == 0 and part in AGENT_FOLDERS else 0o777, dir_fd=fd)
+                    child = open_folder(part, fd)
+                except (NotADirectoryError, OSError) as exc:
+                    raise bad(f"{'/'.join(parts[: depth + 1])} is a link or not a folder ({exc.strerror}); "
+                              "the agent follows no link") from None  # fmt: skip
+                os.close(fd)
+                fd = child
+                if depth == 0 and part in AGENT_FOLDERS and os.fstat(fd).st_uid != 0:
+                    raise Refused(
+                        HTTPStatus.CONFLICT,
+                        f"{part}/ in the cluster's home was made by uid {os.fstat(fd).st_uid}, not by the console; "
+                        "move it away so the console can make its own",
+                    )
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def parent(self, path, *, create=False):
+        """(descriptor of the folder that holds `path`, its last component); `path` must be below the home."""
+        parts = self.parts(path)
+        if not parts:
+            raise bad("path must be below the cluster's home")
+        with self.folder(parts[:-1], create=create) as fd:
+            yield fd, parts[-1]
+
+    @contextlib.contextmanager
+    def open_file(self, path, flags=os.O_RDONLY, mode=0o640):
+        """A descriptor of the regular file at `path`, never through a link (a link there is refused)."""
+        with self.parent(path) as (folder, name):
+            try:
+                fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=folder)
+            except FileNotFoundError:
+                raise Refused(HTTPStatus.NOT_FOUND, f"no such file: {path}") from None
+            except IsADirectoryError:
+                raise bad("path is a folder") from None
+            except OSError as exc:
+                raise bad(f"{path} is a link or cannot be opened ({exc.strerror}); the agent follows no link") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise bad("path is not a regular file")
+            yield fd
+        finally:
+            os.close(fd)
+
+    def lstat(self, path):
+        """os.lstat of `path` (a link is reported as itself), or None when nothing is there."""
+        parts = self.parts(path)
+        if not parts:
+            return os.stat(self.root)
+        try:
+            with self.folder(parts[:-1]) as folder:
+                return os.stat(parts[-1], dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        except Refused as exc:
+            if exc.status == HTTPStatus.NOT_FOUND:
+                return None
+            raise
+
+
+def open_folder(name, parent):
+    return os.open(name, FOLDER_FLAGS, dir_fd=parent)
 
 
 def number(body, key, default, low, high):
@@ -95,55 +185,46 @@ def number(body, key, default, low, high):
 
 
 def op_stat(home, body):
-    real = home.resolve(body.get("path"), must_exist=False)
-    if not os.path.exists(real):
+    found = home.lstat(body.get("path"))
+    if found is None:
         return {"exists": False, "size": 0, "is_dir": False, "owner": ""}
-    found = os.stat(real)
+    if stat.S_ISLNK(found.st_mode):
+        raise bad(f"{body['path']} is a link; the agent follows no link")
     try:
         owner = pwd.getpwuid(found.st_uid).pw_name
     except KeyError:
         owner = str(found.st_uid)
-    return {"exists": True, "size": found.st_size, "is_dir": os.path.isdir(real), "owner": owner}
+    return {"exists": True, "size": found.st_size, "is_dir": stat.S_ISDIR(found.st_mode), "owner": owner}
 
 
 def op_read(home, body):
-    real = home.resolve(body.get("path"))
     offset = number(body, "offset", 0, 0, 1 << 62)
     limit = number(body, "limit", 1 << 20, 1, MAX_READ)
-    if os.path.isdir(real):
-        raise bad("path is a folder")
-    with open(real, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        handle.seek(offset)
-        data = handle.read(limit)
+    with home.open_file(body.get("path")) as fd:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, limit, offset)
     return {"data": base64.b64encode(data).decode(), "offset": offset, "size": size}
 
 
 def op_tail(home, body):
-    real = home.resolve(body.get("path"))
     lines = number(body, "lines", 40, 1, 1000)
-    if os.path.isdir(real):
-        raise bad("path is a folder")
-    with open(real, "rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        handle.seek(max(0, handle.tell() - TAIL_WINDOW))
-        text = handle.read().decode(errors="replace")
+    with home.open_file(body.get("path")) as fd:
+        size = os.fstat(fd).st_size
+        text = os.pread(fd, TAIL_WINDOW, max(0, size - TAIL_WINDOW)).decode(errors="replace")
     return {"text": "\n".join(text.splitlines()[-lines:])}
 
 
 def op_list(home, body):
-    real = home.resolve(body.get("path"))
     pattern = body.get("pattern", "*")
     if not isinstance(pattern, str) or "/" in pattern or len(pattern) > 200:
         raise bad("pattern must be a file name pattern such as slurm-*.out")
-    if not os.path.isdir(real):
-        raise bad("path is not a folder")
-    names = sorted(name for name in os.listdir(real) if fnmatch.fnmatchcase(name, pattern))
+    with home.folder(home.parts(body.get("path"))) as fd:
+        names = sorted(name for name in os.listdir(fd) if fnmatch.fnmatchcase(name, pattern))
     return {"names": names[:MAX_NAMES]}
 
 
 def op_write(home, body):
-    real = home.resolve(body.get("path"), must_exist=False)
+    path = body.get("path")
     try:
         data = base64.b64decode(body.get("data", ""), validate=True)
     except (binascii.Error, TypeError, ValueError):
@@ -153,69 +234,94 @@ def op_write(home, body):
     mode = number(body, "mode", 0o640, 0, 0o777)
     offset = number(body, "offset", 0, 0, 1 << 50)
     if offset:
-        if not os.path.isfile(real) or os.path.getsize(real) != offset:
-            raise Refused(HTTPStatus.CONFLICT, f"{body['path']} does not have {offset} bytes to append to")
-        with open(real, "ab") as handle:
-            handle.write(data)
+        try:
+            with home.open_file(path, os.O_WRONLY | os.O_APPEND) as fd:
+                if os.fstat(fd).st_size != offset:
+                    raise Refused(HTTPStatus.CONFLICT, f"{path} does not have {offset} bytes to append to")
+                os.write(fd, data)
+        except Refused as exc:
+            if exc.status == HTTPStatus.NOT_FOUND:
+                raise Refused(HTTPStatus.CONFLICT, f"{path} does not have {offset} bytes to append to") from None
+            raise
         return {"size": offset + len(data)}
-    folder = os.path.dirname(real)
-    os.makedirs(folder, exist_ok=True)
-    home.resolve(os.path.relpath(folder, home.root) if folder != home.root else ".", must_exist=True)
-    descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=".agent-")
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-        os.chmod(temporary, mode)
-        os.replace(temporary, real)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    with home.parent(path, create=True) as (folder, name):
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+                raise bad(f"{path} is a link; the agent follows no link")
+        temporary = f".agent-{secrets.token_hex(8)}"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=folder)  # fmt: skip
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                os.fchmod(handle.fileno(), mode)
+            # rename never follows a link at `name` (one swapped in since the check above is replaced)
+            os.rename(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary, dir_fd=folder)
+            raise
     return {"size": len(data)}
 
 
 def op_move(home, body):
     """Rename a file or folder below the home to a path below the home that does not exist yet (a
     folder staged in parts appears whole, once)."""
-    real = home.resolve(body.get("path"))
-    target = home.resolve(body.get("to"), must_exist=False)
-    if home.root in (real, target):
-        raise bad("path and to must be below the cluster's home")
-    if os.path.lexists(target):
-        raise Refused(HTTPStatus.CONFLICT, f"{body['to']} already exists")
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    os.rename(real, target)
+    with home.parent(body.get("path")) as (source, name):
+        try:
+            os.stat(name, dir_fd=source, follow_symlinks=False)
+        except FileNotFoundError:
+            raise Refused(HTTPStatus.NOT_FOUND, f"no such file: {body.get('path')}") from None
+        with home.parent(body.get("to"), create=True) as (target, to):
+            try:
+                os.stat(to, dir_fd=target, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+            else:
+                raise Refused(HTTPStatus.CONFLICT, f"{body['to']} already exists")
+            os.rename(name, to, src_dir_fd=source, dst_dir_fd=target)
     return {"moved": True}
 
 
 def op_prune(home, body):
     """Remove the entries directly in the folder (a folder below the home, never the home) whose
     modification time is before `older_than` (Unix seconds): the retention of old scan folders."""
-    real = home.resolve(body.get("path"), must_exist=False)
+    parts = home.parts(body.get("path"))
     older_than = number(body, "older_than", 0, 0, 1 << 40)
-    if real == home.root:
+    if not parts:
         raise bad("path must be a folder below the cluster's home")
-    if not os.path.isdir(real):
-        return {"removed": 0}
+    try:
+        with home.folder(parts) as fd:
+            return {"removed": prune_in(fd, older_than)}
+    except Refused as exc:
+        if exc.status == HTTPStatus.NOT_FOUND:
+            return {"removed": 0}
+        raise
+
+
+def prune_in(fd, older_than):
     removed = 0
-    for entry in os.scandir(real):
-        if entry.stat(follow_symlinks=False).st_mtime < older_than:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
+    for entry in os.scandir(fd):
+        found = entry.stat(follow_symlinks=False)
+        if found.st_mtime < older_than:
+            if stat.S_ISDIR(found.st_mode):
+                shutil.rmtree(entry.name, dir_fd=fd, ignore_errors=True)  # never follows a link
             else:
-                os.unlink(entry.path)
+                os.unlink(entry.name, dir_fd=fd)
             removed += 1
-    return {"removed": removed}
+    return removed
 
 
 def op_own(home, body):
     """The folder (a run's, below the home) and what is in it become `user`'s and `group`'s (a
     project's group the user is in; default the user's own), writable by the user alone; the home
-    itself never changes hands."""
-    real = home.resolve(body.get("path"))
+    itself never changes hands, and no link is followed (a link in it changes hands itself, not what
+    it points to)."""
+    parts = home.parts(body.get("path"))
     user, group = body.get("user"), body.get("group")
-    if real == home.root or not os.path.isdir(real):
-        raise bad("path must be a folder below the cluster's home")
+    found = home.lstat(body.get("path")) if parts else None
+    if found is None or not stat.S_ISDIR(found.st_mode):
+        raise bad("path must be a folder below the cluster's home (not a link)")
     try:
         account = pwd.getpwnam(user) if isinstance(user, str) else None
         team = grp.getgrnam(group) if isinstance(group, str) else grp.getgrgid(account.pw_gid) if account else None
@@ -225,10 +331,12 @@ def op_own(home, body):
         raise bad("user must be an existing account other than root")
     if team is None or team.gr_gid == 0 or (team.gr_gid != account.pw_gid and account.pw_name not in team.gr_mem):
         raise bad("group must be an existing group of the user's, other than root")
-    for folder, names, files in os.walk(real):
-        for name in (folder, *(os.path.join(folder, n) for n in names + files)):
-            os.chown(name, account.pw_uid, team.gr_gid, follow_symlinks=False)
-    os.chmod(real, 0o2750)
+    with home.folder(parts) as top:
+        for _folder, names, files, fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            os.fchown(fd, account.pw_uid, team.gr_gid)
+            for name in names + files:
+                os.chown(name, account.pw_uid, team.gr_gid, dir_fd=fd, follow_symlinks=False)
+        os.fchmod(top, 0o2750)
     return {"owner": account.pw_name, "group": team.gr_name}
 
 

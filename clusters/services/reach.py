@@ -66,6 +66,15 @@ def jobs_named(cluster, name):
     return [job for job in call(cluster, "jobs") if job.name == name]
 
 
+def job_address(cluster, job_id):
+    """Where job `job_id` runs, as Slurm knows it: the address (NodeAddr) of its one node; "" while it has
+    no node yet (for workers: a replica's host comes from here, never from what the job itself says)."""
+    job = call(cluster, "job_status", job_id)
+    if job is None or not job.nodes or any(c in job.nodes for c in "[,"):
+        return ""
+    return next((node.address for node in call(cluster, "node_statuses") if node.name == job.nodes), "")
+
+
 def cancel_job(cluster, job_id):
     return call(cluster, "cancel_job", job_id)
 

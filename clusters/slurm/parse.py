@@ -16,6 +16,7 @@ def nodes_from(data):
             cpus=node.get("cpus") or 0,
             memory_mb=node.get("real_memory") or 0,
             slurmd_start_time=_number(node.get("slurmd_start_time")) or 0,
+            address=node.get("address") or "",
         )
         for node in data.get("nodes", [])
     ]

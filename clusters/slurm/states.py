@@ -84,6 +84,7 @@ class NodeStatus:
     cpus: int = 0
     memory_mb: int = 0
     slurmd_start_time: int = 0  # when the node's current slurmd registered (0: never)
+    address: str = ""  # NodeAddr: where other machines reach the node
 
     @property
     def display_state(self):

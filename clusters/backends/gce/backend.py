@@ -309,6 +309,9 @@ class GceBackend(Backend):
         for status in statuses:
             if status.name in gone:
                 status.state, status.reason = "down", gone[status.name]
+            # Slurm knows a VM by its instance name; the console reaches it at its internal address.
+            interfaces = found[status.name].network_interfaces if status.name in found else []
+            status.address = interfaces[0].network_i_p if interfaces else ""
         return statuses
 
     def jobs(self, cluster):
