@@ -5,7 +5,8 @@ there, Django configured from environment variables, and the repository on sys.p
     ENV = scratch_django(AUTO_REPAIR="false")   # extra settings as environment variables
     user, project = bench_project()              # after scratch_django: migrated, an admin "bench"
 
-Run a benchmark as `.venv/bin/python benchmarks/NAME.py` (this folder is then on sys.path).
+Run a benchmark as `.venv/bin/python benchmarks/NAME.py` (this folder is then on sys.path); with
+BENCH_DATABASE_URL=postgres://... it uses that (empty) database instead of its own SQLite file.
 """
 
 import os
@@ -23,7 +24,8 @@ def scratch_django(**env):
     sys.path.insert(0, str(ROOT))
     values = {
         "DJANGO_SETTINGS_MODULE": "console.settings",
-        "DATABASE_URL": f"sqlite:///{WORK / 'bench.sqlite3'}",
+        # BENCH_DATABASE_URL runs it on another database (an empty PostgreSQL database, say).
+        "DATABASE_URL": os.environ.get("BENCH_DATABASE_URL") or f"sqlite:///{WORK / 'bench.sqlite3'}",
         "LOCAL_CLUSTERS_DIR": str(WORK / "clusters"),
         "LOG_LEVEL": "WARNING",
         **env,

@@ -52,6 +52,8 @@ def main(steps):
             run = runs.launch_run(
                 cluster=cluster, data={"recipe": "llama3.1-8b-pretrain", "nodes": nodes, "steps": steps}, user=user
             )
+            engine.run(run.launch_id)  # the LAUNCH operation: stage, write, submit
+            run.refresh_from_db()
             wait(run)
             assert run.status == RunStatus.COMPLETED, run.error
             metrics = read(run, "metrics.jsonl")

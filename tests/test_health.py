@@ -145,7 +145,11 @@ def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same
 
     def launch():
         data = {"recipe": "llama3.1-8b-pretrain", "nodes": 2, "steps": 60}
-        return runs.launch_run(cluster=cluster, data=data, user=owner)
+        run = runs.launch_run(cluster=cluster, data=data, user=owner)
+        engine.run(run.launch_id)  # its LAUNCH operation, as a worker would run it
+        run.refresh_from_db()
+        assert run.slurm_job_id, run.error
+        return run
 
     def wait(run, timeout=300):
         wait_until(lambda: runs.refresh_run(run).is_done, timeout=timeout, interval=1, message=f"run {run.uuid}")

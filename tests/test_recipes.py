@@ -128,7 +128,7 @@ def test_the_catalog_has_llama_and_gemma_recipes_of_every_kind():
         ({"steps": -5}, "steps", "must be at least 1"),
         ({"partition": "gpu"}, "partition", "no partition 'gpu'"),
         ({"recipe": "llama3.1-8b-cpt"}, "init_from", "a registered model (name:vN or name@alias)"),
-        ({"register_as": "Not A Name"}, "register_as", "must be lowercase letters"),
+        ({"register_as": "Not A Name"}, "register_as", "must be 1-63 lowercase letters, digits or hyphens"),
         ({"register": "maybe"}, "register", "must be true or false"),
         ({"recipe": "llama3.1-8b-sft"}, "init_from", "fine-tuning starts from a run of this project"),
         ({"recipe": "llama3.1-8b-grpo", "nodes": 1}, "init_from", "RL starts from a run of this project"),
