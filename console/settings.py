@@ -51,7 +51,7 @@ def generated_secret_key(path):
 
 SECRET_KEY = env("SECRET_KEY") or generated_secret_key(VAR_DIR / "secret_key")
 
-ALLOWED_HOSTS = [h for h in env("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
+ALLOWED_HOSTS = [h for h in env("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in env("CSRF_TRUSTED_ORIGINS").split(",") if o]
 SITE_ROOT = env("SITE_ROOT", "http://localhost:8000")
 
@@ -199,6 +199,7 @@ ROUTER_PORT = envint("ROUTER_PORT", 8100)
 ROUTER_REFRESH_SECONDS = envfloat("ROUTER_REFRESH_SECONDS", 1.0)
 ROUTER_SAMPLE_SECONDS = envfloat("ROUTER_SAMPLE_SECONDS", 5.0)
 ROUTER_TOKEN_CACHE_SECONDS = envfloat("ROUTER_TOKEN_CACHE_SECONDS", 10.0)
+ROUTER_TOKEN_CACHE_SIZE = envint("ROUTER_TOKEN_CACHE_SIZE", 10000)  # tokens remembered at once (a bounded LRU)
 ROUTER_REQUEST_TIMEOUT = envfloat("ROUTER_REQUEST_TIMEOUT", 120.0)
 PERIODIC_TASKS["reconcile-endpoints"] = ("recipes.tasks.reconcile_endpoints", ENDPOINT_RECONCILE_SECONDS)
 # Tasks the periodic ones fan out, on the same queue.

@@ -9,7 +9,7 @@ import os
 import sys
 
 from .settings import *  # noqa: F403
-from .settings import BASE_DIR, DATABASES, env
+from .settings import ALLOWED_HOSTS, BASE_DIR, DATABASES, env
 
 # Two checkouts testing at once (a developer's and a CI clone) must not share a database file,
 # cluster folders or a task queue.
@@ -27,6 +27,7 @@ if os.environ.get("CONSOLE_WORKER_USES_TEST_DB"):
     DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]
 os.makedirs(TEST_ROOT, exist_ok=True)
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+ALLOWED_HOSTS = [*ALLOWED_HOSTS, "testserver"]  # Django's test client; never in the real settings
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 # Unit tests run without a broker; the fault tests (tests/test_faults.py) turn the check on.
 OPERATION_CHECK_BROKER = False

@@ -20,8 +20,11 @@ from .models import APIToken, SignInFailure
 
 class SignInView(auth_views.LoginView):
     """Django's login page with a throttle: after LOGIN_FAILURES_PER_USER failed sign-ins for one
-    username (or LOGIN_FAILURES_PER_ADDRESS from one address) within LOGIN_THROTTLE_MINUTES, every
-    sign-in for it is refused with a 429 until the window has passed, the right password included."""
+    username from one address (or LOGIN_FAILURES_PER_ADDRESS from one address, whatever the names)
+    within LOGIN_THROTTLE_MINUTES, sign-ins from that address (for that username) are refused with a 429
+    until the window has passed, the right password included. The key is the address and the name
+    together: failures from elsewhere never lock a user out (else anyone could lock out an admin by
+    typing their name)."""
 
     def post(self, request, *args, **kwargs):
         username = request.POST.get("username", "")[:150]
@@ -40,7 +43,9 @@ class SignInView(auth_views.LoginView):
         return super().form_invalid(form)
 
     def form_valid(self, form):
-        SignInFailure.objects.filter(username=form.get_user().get_username()).delete()
+        SignInFailure.objects.filter(
+            username=form.get_user().get_username(), address=client_address(self.request)
+        ).delete()
         return super().form_valid(form)
 
 
@@ -50,9 +55,10 @@ def client_address(request):
 
 def throttled(username, address):
     since = timezone.now() - timedelta(minutes=settings.LOGIN_THROTTLE_MINUTES)
-    recent = SignInFailure.objects.filter(created__gte=since)
-    return recent.filter(username=username).count() >= settings.LOGIN_FAILURES_PER_USER or (
-        address is not None and recent.filter(address=address).count() >= settings.LOGIN_FAILURES_PER_ADDRESS
+    recent = SignInFailure.objects.filter(created__gte=since, address=address)
+    return (
+        recent.filter(username=username).count() >= settings.LOGIN_FAILURES_PER_USER
+        or recent.count() >= settings.LOGIN_FAILURES_PER_ADDRESS
     )
 
 

@@ -487,3 +487,37 @@ def test_a_replica_is_reached_where_slurm_runs_its_job_never_where_its_announce_
     stored.save()
     replicas.follow(stored)
     assert Replica.objects.get(pk=replica.pk).host == ""  # a port below 1024 is no replica's
+
+
+def test_a_stream_of_made_up_tokens_costs_one_lookup_each_and_never_the_routers_memory(settings, monkeypatch):
+    import asyncio
+    import secrets
+
+    from recipes.serving import router as routing
+
+    settings.ROUTER_TOKEN_CACHE_SIZE, settings.ROUTER_TOKEN_CACHE_SECONDS = 50, 60
+    router = routing.Router()
+    lookups = []
+    good = "tcc_alice"
+
+    def check_token(raw):
+        lookups.append(raw)
+        return (1, {7}) if raw == good else None
+
+    monkeypatch.setattr(router, "check_token", check_token)
+
+    class Request:
+        def __init__(self, raw):
+            self.headers = {"Authorization": f"Bearer {raw}"}
+
+    route = routing.Route(1, 7, [], "")
+
+    async def attack():
+        assert await router.authorised(Request(good), route)
+        for _ in range(2000):
+            assert not await router.authorised(Request(secrets.token_hex(16)), route)
+        assert await router.authorised(Request(good), route)
+
+    asyncio.run(attack())
+    assert len(router.tokens) == 50  # bounded, oldest out
+    assert len(lookups) == 2002 and lookups.count(good) == 2  # alice's entry was pushed out, then looked up again

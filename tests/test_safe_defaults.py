@@ -34,12 +34,14 @@ def run_manage(*args, **env):
 
 def test_it_starts_with_debug_off_and_a_generated_key_kept_private(tmp_path):
     shown = run_manage(
-        "shell", "-v0", "-c", "from django.conf import settings; print(settings.DEBUG, settings.SECRET_KEY)",
+        "shell", "-v0", "-c",
+        "from django.conf import settings; print(settings.DEBUG, settings.SECRET_KEY, *settings.ALLOWED_HOSTS)",
         CONSOLE_VAR_DIR=str(tmp_path),
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
-    debug, key = shown.stdout.split()
+    debug, key, *hosts = shown.stdout.split()
     assert debug == "False"
+    assert hosts == ["localhost", "127.0.0.1", "[::1]"]  # Django's test client host is the tests' alone
     keyfile = tmp_path / "secret_key"
     assert keyfile.read_text().strip() == key and len(key) >= 50
     assert stat.S_IMODE(keyfile.stat().st_mode) == 0o600
@@ -71,6 +73,18 @@ def test_it_throttles_sign_ins_after_five_failures_for_a_username(client, alice,
     SignInFailure.objects.update(created=timezone.now() - timedelta(minutes=16))
     assert client.post("/accounts/login/", {"username": "alice", "password": "alice-password"}).status_code == 302
     assert not SignInFailure.objects.filter(username="alice").exists()
+
+
+def test_charlie_cannot_lock_alice_out_by_failing_with_her_name_from_elsewhere(client, alice):
+    for _ in range(5):
+        client.post("/accounts/login/", {"username": "alice", "password": "guess"}, REMOTE_ADDR="203.0.113.66")
+    refused = client.post("/accounts/login/", {"username": "alice", "password": "guess"}, REMOTE_ADDR="203.0.113.66")
+    assert refused.status_code == 429  # charlie's address is throttled for that name
+    signed_in = client.post(
+        "/accounts/login/", {"username": "alice", "password": "alice-password"}, REMOTE_ADDR="198.51.100.7"
+    )
+    assert signed_in.status_code == 302 and client.session["_auth_user_id"] == str(alice.pk)
+    assert SignInFailure.objects.filter(address="203.0.113.66").count() == 5  # her sign-in clears only her own
 
 
 def test_it_throttles_one_address_trying_many_usernames(client, alice, settings):

@@ -170,3 +170,43 @@ def test_a_hugging_face_folder_starts_a_run_exactly_as_the_checkpoint_it_was_exp
     kept = runs["from-folder"] / "checkpoints" / "step-4"
     assert json.loads((kept / "config.json").read_text())["model_type"] == "llama"  # it keeps its architecture
     assert (kept / "tokenizer.json").exists()
+
+
+class Payload:
+    """What mallory's job can pickle into a checkpoint of hers that a colleague continues from."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_checkpoint_that_would_run_code_when_loaded_is_refused_not_run(tmp_path):
+    import pickle
+    import random
+
+    import numpy as np
+    import torch
+
+    from recipes.node import distributed
+
+    marker = tmp_path / "ran"
+    torch.save({"scheduler": {}, "position": Payload(str(marker))}, tmp_path / "train_state.pt")
+    torch.save({"model": Payload(str(marker))}, tmp_path / "state.pt")
+    for name in ("train_state.pt", "state.pt"):
+        with pytest.raises(pickle.UnpicklingError):
+            distributed.read_state(tmp_path / name)
+    assert not marker.exists()
+    # What the console's own checkpoints hold reads back: every generator's state, exactly.
+    torch.save(distributed.rng_state(), tmp_path / "rng-0.pt")
+    before = (torch.rand(3), np.random.rand(3).tolist(), random.random())
+    distributed.set_rng_state(distributed.read_state(tmp_path / "rng-0.pt"))
+    after = (torch.rand(3), np.random.rand(3).tolist(), random.random())
+    assert torch.equal(before[0], after[0]) and before[1:] == after[1:]
+    # An RNG file from before numpy's state was a list (an array in it) still resumes.
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+               tmp_path / "rng-old.pt")  # fmt: skip
+    before = np.random.rand(3).tolist()
+    distributed.set_rng_state(distributed.read_state(tmp_path / "rng-old.pt"))
+    assert np.random.rand(3).tolist() == before

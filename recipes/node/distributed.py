@@ -146,10 +146,17 @@ def clip_grad_norm(parameters, max_norm):
 
 
 def rng_state():
+    """Every generator's state in types torch.load(weights_only=True) reads back: tuples, lists, numbers,
+    tensors (numpy's key array becomes a list)."""
     import numpy as np
     import torch
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (name, keys.tolist(), position, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -160,10 +167,26 @@ def set_rng_state(state):
     import torch
 
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def read_state(path):
+    """A .pt file of a checkpoint, tensors and plain values only. Checkpoints are written by users' jobs
+    and read by other users' (continued pretraining and SFT start from a colleague's run), so a pickle
+    that would run code when loaded is refused (UnpicklingError), never run."""
+    import numpy as np
+    import torch
+
+    # numpy uint32 arrays rebuild from these without running code: RNG files written before the numpy
+    # state was saved as a list still load.
+    with torch.serialization.safe_globals(
+        [np.dtype, np.ndarray, np._core.multiarray._reconstruct, np.dtypes.UInt32DType]
+    ):
+        return torch.load(path, weights_only=True)
 
 
 def steps_in(folder):
@@ -211,7 +234,6 @@ def load(source, model, optimizer, layout):
     """Resume from a checkpoint of this run: (meta, train_state, resharded). At the same world size and
     tensor parallelism every rank's RNG state comes back too (bit-exact); at another, DCP reshards the
     model and optimizer and the RNG states are left as seeded (said in the run's events)."""
-    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -220,10 +242,10 @@ def load(source, model, optimizer, layout):
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=str(source))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    train_state = torch.load(source / "train_state.pt", weights_only=False)
+    train_state = read_state(source / "train_state.pt")
     same = meta["world"] == layout.world and meta.get("tp", 1) == layout.tp
     if same:
-        set_rng_state(torch.load(source / f"rng-{layout.rank}.pt", weights_only=False))
+        set_rng_state(read_state(source / f"rng-{layout.rank}.pt"))
     return meta, train_state, not same
 
 
@@ -231,7 +253,6 @@ def load_weights(source, model):
     """A model's weights only (continued pretraining, SFT, RL from a checkpoint), whatever layout wrote
     it: a DCP checkpoint (resharded), or an older one with the whole model in state.pt. (A Hugging Face
     format folder's safetensors are loaded when the model is built: train.build_model.)"""
-    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -241,7 +262,7 @@ def load_weights(source, model):
 
     source = Path(source)
     if (source / "state.pt").exists():
-        full = torch.load(source / "state.pt", weights_only=False)["model"]
+        full = read_state(source / "state.pt")["model"]
         set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
     else:
         state = {"model": get_model_state_dict(model)}

@@ -21,6 +21,8 @@ written as an EndpointSample; the endpoint page charts them and the autoscaler r
 """
 
 import asyncio
+import collections
+import hashlib
 import json
 import logging
 import time
@@ -60,13 +62,43 @@ def percentile(values, fraction):
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
+class TokenCache:
+    """What the console said of a token (user id and project ids, or None for a bad one), for `ttl`
+    seconds, for at most `size` tokens: a client sending a stream of made-up tokens costs one lookup
+    each and pushes out the oldest entries, never the router's memory. Keyed by the token's SHA-256."""
+
+    def __init__(self, size, ttl):
+        self.size, self.ttl, self.entries = size, ttl, collections.OrderedDict()
+
+    @staticmethod
+    def key(raw):
+        return hashlib.sha256(raw.encode(errors="replace")).digest()
+
+    def get(self, raw):
+        """(True, what was said) while an entry is fresh, else (False, None)."""
+        entry = self.entries.get(self.key(raw))
+        if entry is None or entry[0] < time.monotonic():
+            return False, None
+        return True, entry[1]
+
+    def put(self, raw, found):
+        key = self.key(raw)
+        self.entries.pop(key, None)
+        self.entries[key] = (time.monotonic() + self.ttl, found)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+    def __len__(self):
+        return len(self.entries)
+
+
 class Router:
     def __init__(self):
         self.routes = {}  # (project slug, endpoint name) -> Route
         self.in_flight = {}  # replica id -> requests in flight
         self.suspect = {}  # replica id -> monotonic time until which it is skipped
         self.stats = {}  # endpoint id -> Stats
-        self.tokens = {}  # raw token -> (expires at, user id, {project ids}) for ROUTER_TOKEN_CACHE_SECONDS
+        self.tokens = TokenCache(settings.ROUTER_TOKEN_CACHE_SIZE, settings.ROUTER_TOKEN_CACHE_SECONDS)
         self.session = None
         self.interval_started = time.monotonic()
 
@@ -141,12 +173,10 @@ class Router:
         scheme, _, raw = header.partition(" ")
         if scheme.lower() not in ("bearer", "token") or not raw:
             return None
-        cached = self.tokens.get(raw)
-        if cached is None or cached[0] < time.monotonic():
+        hit, found = self.tokens.get(raw)
+        if not hit:
             found = await asyncio.to_thread(self.check_token, raw)
-            cached = (time.monotonic() + settings.ROUTER_TOKEN_CACHE_SECONDS, found)
-            self.tokens[raw] = cached
-        found = cached[1]
+            self.tokens.put(raw, found)
         return found is not None and route.project_id in found[1]
 
     def pick(self, route, tried):
