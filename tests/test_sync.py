@@ -63,15 +63,18 @@ def test_it_writes_only_what_changed_in_bulk(cluster, scripted):
 
     scripted.down.add("cpu-1")
     scripted.queue[-1] = job(300, "COMPLETED", exit_code=0)  # the newest job ended
-    scripted.queue = [j for j in scripted.queue if j.job_id != 1]  # job 1 aged out of Slurm's memory
+    # Job 1 aged out of Slurm's memory (older than anything it reports); job 150 vanished from the middle.
+    scripted.queue = [j for j in scripted.queue if j.job_id not in (1, 150)]
     with CaptureQueriesContext(connection) as changed:
         services.sync_cluster(cluster)
     assert len(writes(changed.captured_queries, "clusters_node")) == 1  # one bulk UPDATE
-    assert len(writes(changed.captured_queries, "clusters_slurmjob")) == 2  # the ended job, the lost one
+    assert len(writes(changed.captured_queries, "clusters_slurmjob")) == 2  # the ended job, the lost ones
     assert SlurmSync.objects.get(pk=cluster.pk).nodes_written == 1
     assert cluster.nodes.get(name="cpu-1").slurm_state == "down"
     assert SlurmJob.objects.get(cluster=cluster, job_id=300).state == "COMPLETED"
     assert SlurmJob.objects.get(cluster=cluster, job_id=1).state == "UNKNOWN"
+    assert SlurmJob.objects.get(cluster=cluster, job_id=150).state == "UNKNOWN"
+    assert SlurmJob.objects.filter(cluster=cluster, state="UNKNOWN").count() == 2
 
 
 def test_a_hook_that_raises_is_an_event_and_the_sync_and_the_other_hooks_still_finish(cluster, scripted, monkeypatch):

@@ -176,15 +176,14 @@ JOB_FIELDS = [
 
 def write_jobs(cluster, jobs, now):
     """Upsert the jobs that are new or whose fields changed (their `seen` with them), and mark active
-    jobs Slurm no longer reports as UNKNOWN; returns how many rows were written."""
+    jobs Slurm no longer reports as UNKNOWN; returns how many rows were written.
+
+    What the database holds is read in one range query from the oldest job Slurm reports on (its queue
+    is its recent jobs, and job ids grow) and compared as tuples: unchanged rows are not written."""
     fields = {job.job_id: job_fields(job) for job in jobs}
-    ids = list(fields)
-    known = {}
-    for start in range(0, len(ids), CHUNK):
-        for job_id, *values in cluster.slurm_jobs.filter(job_id__in=ids[start : start + CHUNK]).values_list(
-            "job_id", *JOB_FIELDS
-        ):
-            known[job_id] = tuple(values)
+    oldest = min(fields, default=None)
+    rows = cluster.slurm_jobs.filter(job_id__gte=oldest) if oldest is not None else cluster.slurm_jobs.none()
+    known = {job_id: tuple(values) for job_id, *values in rows.values_list("job_id", *JOB_FIELDS)}
     written = [
         SlurmJob(cluster=cluster, job_id=job_id, seen=now, **values)
         for job_id, values in fields.items()
@@ -197,15 +196,22 @@ def write_jobs(cluster, jobs, now):
         unique_fields=["cluster", "job_id"],
         update_fields=[*JOB_FIELDS, "seen"],
     )
-    return len(written) + mark_lost(cluster, set(fields), now)
+    return len(written) + mark_lost(cluster, fields, known, oldest, now)
 
 
-def mark_lost(cluster, live, now):
-    """Active jobs Slurm no longer reports (aged out, or the controller lost them) become UNKNOWN."""
-    active = cluster.slurm_jobs.filter(state__in=JOB_ACTIVE).values_list("pk", "job_id")
-    lost = [pk for pk, job_id in active if job_id not in live]
+STATE = JOB_FIELDS.index("state")
+
+
+def mark_lost(cluster, live, known, oldest, now):
+    """Active jobs Slurm no longer reports (aged out, or the controller lost them) become UNKNOWN: those
+    the range read found (`known`), and the active ones older than it."""
+    lost = [job_id for job_id, values in known.items() if values[STATE] in JOB_ACTIVE and job_id not in live]
+    older = cluster.slurm_jobs.filter(state__in=JOB_ACTIVE)
+    if oldest is not None:
+        older = older.filter(job_id__lt=oldest)
+    lost += older.values_list("job_id", flat=True)
     for start in range(0, len(lost), CHUNK):
-        SlurmJob.objects.filter(pk__in=lost[start : start + CHUNK]).update(
+        cluster.slurm_jobs.filter(job_id__in=lost[start : start + CHUNK]).update(
             state="UNKNOWN", reason="Slurm no longer reports this job", seen=now
         )
     return len(lost)
