@@ -6,7 +6,6 @@ import socket
 from django.conf import settings
 
 from ...choices import ClusterStatus
-from ...models import Cluster
 from ...work import TransientBackendError
 from ..base import Backend
 
@@ -49,6 +48,9 @@ def assign(cluster, wanted):
 
 def in_use():
     """Every port a live local cluster has been given."""
+    # Imported here: bootstrap.sh runs the local preflight (which imports this module) before Django
+    # is set up, and models cannot be imported then.
+    from ...models import Cluster
 
     used = set()
     for state in (
