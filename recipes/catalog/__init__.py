@@ -14,6 +14,14 @@ REQUIRED = {
     "dataset", "checkpoint_every", "throughput_target", "source", "profiles", "architecture",
 }  # fmt: skip
 TINY = {"hidden_size", "intermediate_size", "layers", "heads", "seq_len", "micro_batch", "lr", "nodes", "steps"}
+# A model's architecture in the catalog's terms: layers, heads and kv_heads are Hugging Face's
+# num_hidden_layers, num_attention_heads and num_key_value_heads; every other key is the HF config's own.
+ARCHITECTURE = {
+    "hidden_size", "intermediate_size", "layers", "heads", "kv_heads", "head_dim", "vocab_size",
+    "rope_theta", "rope_scaling", "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings",
+    "hidden_act", "hidden_activation", "attn_logit_softcapping", "final_logit_softcapping",
+    "query_pre_attn_scalar", "sliding_window",
+}  # fmt: skip
 
 
 class CatalogError(ValueError):
@@ -36,6 +44,9 @@ def check(recipe, path):
     hardware = recipe["hardware"]
     # The real profile is the recipe's own hardware, batch and parallelism.
     architecture = recipe["architecture"]
+    unknown = set(architecture) - ARCHITECTURE - {"parameters", "source"}
+    if unknown:
+        raise CatalogError(f"{path.name}: the architecture has fields no model config takes: {sorted(unknown)}")
     if architecture["hidden_size"] % architecture["heads"] and "head_dim" not in architecture:
         raise CatalogError(f"{path.name}: architecture hidden_size must divide by heads, or give head_dim")
     recipe["profiles"]["full"] = {
@@ -66,6 +77,11 @@ def recipes():
         for path in sorted(FOLDER.glob("*.json"))
         if path != HARDWARE
     }
+
+
+def model_shape(profile):
+    """The architecture fields of a profile (a tiny one's few, a full one's all): what train.py builds."""
+    return {key: profile[key] for key in sorted(ARCHITECTURE) if key in profile}
 
 
 def get_recipe(recipe_id):

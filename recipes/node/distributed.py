@@ -41,6 +41,7 @@ class Layout:
     dp: int
     dp_rank: int
     mesh: object = None  # DeviceMesh ("dp", "tp") when world > 1
+    device: object = "cpu"  # where this rank's tensors live: every collective takes its tensors here (NCCL: the GPU)
 
     def barrier(self):
         if self.world > 1:
@@ -62,7 +63,7 @@ class Layout:
         import torch
         import torch.distributed as dist
 
-        tensor = torch.tensor(float(value))
+        tensor = torch.tensor(float(value), device=self.device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return tensor.item()
 
@@ -74,13 +75,14 @@ def init(rank, world, local_rank, tensor, device_type):
     if world % tensor:
         raise SystemExit(f"tensor parallelism {tensor} does not divide the {world} ranks")
     dp = world // tensor
+    device = f"cuda:{local_rank}" if device_type == "cuda" else "cpu"
     if world == 1:
-        return Layout(rank, 1, local_rank, 1, 1, 0)
+        return Layout(rank, 1, local_rank, 1, 1, 0, device=device)
     from torch.distributed.device_mesh import init_device_mesh
 
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world)
     mesh = init_device_mesh(device_type, (dp, tensor), mesh_dim_names=("dp", "tp"))
-    return Layout(rank, world, local_rank, tensor, dp, mesh["dp"].get_local_rank(), mesh)
+    return Layout(rank, world, local_rank, tensor, dp, mesh["dp"].get_local_rank(), mesh, device)
 
 
 def parallelize(model, layout, mixed_precision, activation_checkpointing, strategy="fsdp"):

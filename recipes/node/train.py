@@ -147,47 +147,49 @@ def read_rows(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def build_model(config):
-    """The recipe's model: from a Hugging Face format folder (its architecture, and its safetensors
-    weights when the run starts from that folder), or the recipe's own shape from a seed."""
-    import torch
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        Gemma2Config,
-        Gemma2ForCausalLM,
-        LlamaConfig,
-        LlamaForCausalLM,
-    )
+HF_NAMES = {"layers": "num_hidden_layers", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads"}
 
-    folder = architecture_folder(config)
-    if folder is not None:
-        torch.manual_seed(config["seed"])
-        if config.get("init_from_hf"):
-            return AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32, local_files_only=True)
-        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder, local_files_only=True))
 
-    shape = config["model"]
+def model_config(config):
+    """The Hugging Face config of the recipe's own shape (config["model"], the catalog's architecture:
+    recipes/catalog ARCHITECTURE): every field the catalog gives (vocabulary, head_dim, RoPE and its
+    scaling, norm epsilon, tied embeddings, Gemma 2's softcaps and sliding window), the rest the
+    transformers defaults of the family."""
+    from transformers import Gemma2Config, LlamaConfig
+
+    fields = {HF_NAMES.get(key, key): value for key, value in config["model"].items()}
     # The tiny profiles use bytes as tokens; the real ones keep the model's own vocabulary size, and
     # the byte ids are a subset of it.
-    common = {
-        "vocab_size": shape.get("vocab_size", ByteTokenizer.vocab_size),
-        "hidden_size": shape["hidden_size"],
-        "intermediate_size": shape["intermediate_size"],
-        "num_hidden_layers": shape["layers"],
-        "num_attention_heads": shape["heads"],
-        "num_key_value_heads": shape.get("kv_heads", shape["heads"]),
-        "max_position_embeddings": config["seq_len"],
-        "bos_token_id": ByteTokenizer.bos,
-        "eos_token_id": ByteTokenizer.eos,
-        "pad_token_id": ByteTokenizer.pad,
-    }
-    torch.manual_seed(config["seed"])
+    fields.setdefault("vocab_size", ByteTokenizer.vocab_size)
+    fields.setdefault("num_key_value_heads", fields["num_attention_heads"])
+    fields.setdefault("max_position_embeddings", config["seq_len"])
+    ids = {"bos_token_id": ByteTokenizer.bos, "eos_token_id": ByteTokenizer.eos, "pad_token_id": ByteTokenizer.pad}
     if config["family"] == "gemma":
-        return Gemma2ForCausalLM(
-            Gemma2Config(**common, head_dim=shape.get("head_dim", shape["hidden_size"] // shape["heads"]))
-        )
-    return LlamaForCausalLM(LlamaConfig(**common))
+        fields.setdefault("head_dim", fields["hidden_size"] // fields["num_attention_heads"])
+        return Gemma2Config(**fields, **ids)
+    return LlamaConfig(**fields, **ids)
+
+
+def build_model(config, device=None):
+    """The recipe's model: from a Hugging Face format folder (its architecture, and its safetensors
+    weights when the run starts from that folder), or the recipe's own shape from a seed. With
+    device="meta" the parameters have shapes and no storage (a 405B builds in seconds and allocates
+    nothing): what the parameter counts are checked on, and what a sharded build starts from."""
+    import contextlib
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Gemma2ForCausalLM, LlamaForCausalLM
+
+    folder = architecture_folder(config)
+    torch.manual_seed(config["seed"])
+    if folder is not None and config.get("init_from_hf") and device != "meta":
+        model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32, local_files_only=True)
+        return model.train()  # from_pretrained leaves the model in eval(): no dropout, no checkpointing
+    with torch.device(device) if device else contextlib.nullcontext():
+        if folder is not None:
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder, local_files_only=True))
+        family = Gemma2ForCausalLM if config["family"] == "gemma" else LlamaForCausalLM
+        return family(model_config(config))
 
 
 def batches(tokens, seq_len, global_batch, position, seed):

@@ -31,7 +31,7 @@ from console.errors import Conflict, ConsoleError, FieldErrors, Unavailable
 from console.fields import whole_number
 
 from .. import registry
-from ..catalog import get_recipe, recipes
+from ..catalog import get_recipe, model_shape, recipes
 from ..models import ModelVersion, Run, RunStatus
 from ..partitions import partition_shape
 from . import fit
@@ -299,9 +299,7 @@ def resolve_config(launch, work_dir, runtime):
         "family": recipe["family"],
         "kind": "pretrain" if recipe["kind"] == "cpt" else recipe["kind"],
         "profile": launch["profile_name"],
-        "model": {
-            k: profile[k] for k in ("hidden_size", "intermediate_size", "layers", "heads", "kv_heads") if k in profile
-        },
+        "model": model_shape(profile),  # the whole architecture: vocabulary, RoPE, norms, softcaps
         "seq_len": profile["seq_len"],
         "micro_batch": profile["micro_batch"],
         "parallel": {

@@ -1,0 +1,107 @@
+"""The catalog's full profiles as a GPU cluster would run them, checked on CPU: the config a launch
+resolves carries the model's whole architecture, the model train.py builds from it on the meta device
+has the published parameter count (and allocates nothing, even at 405B), and every collective of a
+rank's layout takes its tensors on the layout's device (under NCCL a CPU tensor fails the run).
+Persona: tomas, who writes recipes."""
+
+import resource
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from recipes.catalog import get_recipe, model_shape, recipes
+from recipes.node import distributed, train
+from recipes.runs import fit, launch
+
+# Published totals (each model card's safetensors parameter count on Hugging Face).
+PUBLISHED = {
+    "llama3.1-8b": 8_030_261_248,
+    "llama3.1-70b": 70_553_706_496,
+    "llama3.1-405b": 405_853_388_800,
+    "gemma2-2b": 2_614_341_888,
+    "gemma2-9b": 9_241_705_984,
+    "gemma2-27b": 27_227_128_320,
+}
+
+
+def full_config(recipe_id, tmp_path):
+    """train.py's config for the recipe's full profile, as a launch resolves it."""
+    recipe = get_recipe(recipe_id)
+    profile = recipe["profiles"]["full"]
+    ranks = profile["nodes"] * profile["ranks_per_node"]
+    plan = {
+        "recipe": recipe, "profile": profile, "profile_name": "full", "tensor": profile["tensor"],
+        "global_batch": profile["global_batch"], "steps": 10, "accelerator": None, "estimate": None,
+        "dataset": None, "register_as": None, "init_from": None, "cluster": None, "ranks": ranks,
+    }  # fmt: skip
+    return launch.resolve_config(plan, tmp_path, SimpleNamespace(folder=str(tmp_path)))
+
+
+def parameters(model):
+    return sum(p.numel() for p in model.parameters())  # tied embeddings count once
+
+
+@pytest.mark.parametrize("recipe_id", sorted(recipes()))
+def test_every_full_profile_builds_on_meta_with_its_published_parameter_count(recipe_id, tmp_path):
+    config = full_config(recipe_id, tmp_path)
+    model = train.build_model(config, device="meta")
+    assert all(p.is_meta for p in model.parameters())
+    model_name = "-".join(recipe_id.split("-")[:2])
+    assert parameters(model) == PUBLISHED[model_name] == get_recipe(recipe_id)["architecture"]["parameters"]
+    # and the fit check's own arithmetic (recipes/runs/fit.py) counts the same model
+    assert fit.parameters(get_recipe(recipe_id)["profiles"]["full"], config["family"]).total == parameters(model)
+    hf = model.config
+    assert hf.vocab_size == get_recipe(recipe_id)["architecture"]["vocab_size"]  # not the tiny profiles' 260
+    if config["family"] == "llama":
+        assert (hf.rope_parameters["rope_type"], hf.rope_parameters["rope_theta"]) == ("llama3", 500000.0)
+        assert hf.rms_norm_eps == 1e-5 and not hf.tie_word_embeddings
+        assert hf.head_dim == 128
+    else:
+        assert hf.tie_word_embeddings and hf.rms_norm_eps == 1e-6
+        assert (hf.attn_logit_softcapping, hf.final_logit_softcapping) == (50.0, 30.0)
+        assert hf.head_dim == (128 if recipe_id.startswith("gemma2-27b") else 256)
+
+
+def test_the_tiny_profiles_keep_their_byte_vocabulary(tmp_path):
+    config = full_config("llama3.1-8b-pretrain", tmp_path)
+    config["model"] = model_shape(get_recipe("llama3.1-8b-pretrain")["profiles"]["tiny"])
+    assert set(config["model"]) == {"hidden_size", "intermediate_size", "layers", "heads", "kv_heads"}
+    assert train.model_config(config).vocab_size == train.ByteTokenizer.vocab_size
+
+
+def test_building_the_405b_on_meta_allocates_nothing(tmp_path):
+    config = full_config("llama3.1-405b-pretrain", tmp_path)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, the peak so far
+    model = train.build_model(config, device="meta")
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert parameters(model) == PUBLISHED["llama3.1-405b"]
+    assert grown_mib < 256, f"the peak resident memory grew {grown_mib:.0f} MiB building a meta model"  # fp32: 1.6 TB
+
+
+class Reached(Exception):
+    pass
+
+
+class Mesh:
+    def __getitem__(self, name):
+        return SimpleNamespace(get_group=lambda: f"group {name}")
+
+
+def test_every_collective_of_a_layout_takes_tensors_on_the_layouts_device(monkeypatch):
+    """A GPU rank's layout lives on cuda:N; this machine has no GPU, so the layout's device is the meta
+    device and every collective is wrapped: a tensor anywhere else (a CPU scalar, as Layout.max built
+    once) is what NCCL refuses."""
+    seen = []
+
+    def collective(tensor, *args, **kwargs):
+        seen.append(tensor.device)
+        raise Reached  # the meta tensor cannot be read back; the device at the call is what counts
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", collective)
+    layout = distributed.Layout(rank=0, world=4, local_rank=0, tp=2, dp=2, dp_rank=0, mesh=Mesh(), device="meta")
+    with pytest.raises(Reached):
+        layout.max(1.5)
+    with pytest.raises(Reached):
+        layout.dp_sum(torch.zeros((), device=layout.device))
+    assert seen == [torch.device("meta")] * 2
