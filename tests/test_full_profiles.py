@@ -4,7 +4,12 @@ has the published parameter count (and allocates nothing, even at 405B), and eve
 rank's layout takes its tensors on the layout's device (under NCCL a CPU tensor fails the run).
 Persona: tomas, who writes recipes."""
 
+import json
+import math
 import resource
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -105,3 +110,54 @@ def test_every_collective_of_a_layout_takes_tensors_on_the_layouts_device(monkey
     with pytest.raises(Reached):
         layout.dp_sum(torch.zeros((), device=layout.device))
     assert seen == [torch.device("meta")] * 2
+
+
+# -- the sharded build, run as the nodes run it (torchrun, gloo ranks on this machine) ---------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiny(folder, family="llama", **changes):
+    values = {
+        "recipe": "test", "family": family, "kind": "pretrain", "profile": "tiny",
+        "model": {"hidden_size": 64, "intermediate_size": 172, "layers": 2, "heads": 4, "kv_heads": 2},
+        "seq_len": 64, "micro_batch": 4, "lr": 3e-3, "steps": 6, "precision": "fp32", "checkpoint_every": 6,
+        "seed": 7, "data_seed": 1234, "output_dir": str(folder), "log_every": 3, "export_model": False,
+        "parallel": {"tensor": 2, "global_batch": 16, "activation_checkpointing": True},
+    }  # fmt: skip
+    values["parallel"].update(changes.pop("parallel", {}))
+    values.update(changes)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(values))
+    return folder
+
+
+def run(folder, ranks):
+    command = [sys.executable, "-m", "recipes.node.train", str(folder / "config.json")]
+    if ranks > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+                   "--standalone", "-m", "recipes.node.train", str(folder / "config.json")]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])  # gemma: tied embeddings, norms that start at 0
+def test_four_ranks_load_a_sharded_hf_folder_to_the_weights_one_process_reads(tmp_path, family):
+    hub = tmp_path / "hub"
+    model = train.build_model(json.loads((tiny(tmp_path / "shape", family) / "config.json").read_text()))
+    model.save_pretrained(hub, max_shard_size="40KB")  # several safetensors files and their index
+    assert len(list(hub.glob("model-*.safetensors"))) > 2
+    whole = run(tiny(tmp_path / "whole", family, init_from_hf=str(hub), parallel={"tensor": 1}), ranks=1)
+    sharded = run(tiny(tmp_path / "sharded", family, init_from_hf=str(hub), parallel={"build": "sharded"}), ranks=4)
+    assert abs(whole[0] - sharded[0]) < 1e-5, (whole, sharded)  # the same weights, the same first batch
+    assert abs(whole[-1] - sharded[-1]) < 1e-3, (whole, sharded)
+
+
+def test_a_sharded_build_from_a_seed_starts_where_a_model_initialised_whole_does(tmp_path):
+    whole = run(tiny(tmp_path / "whole"), ranks=4)
+    sharded = run(tiny(tmp_path / "sharded", parallel={"build": "sharded"}), ranks=4)
+    # Other random draws, the same distribution: the first loss of an untrained model is ln(vocabulary)
+    # give or take, and both train.
+    assert abs(sharded[0] - math.log(train.ByteTokenizer.vocab_size)) < 0.1
+    assert abs(sharded[0] - whole[0]) < 0.05 and sharded[-1] < sharded[0] - 0.3

@@ -119,6 +119,83 @@ def parallelize(model, layout, mixed_precision, activation_checkpointing, strate
     return model
 
 
+def materialise(model, device, hf_folder=None):
+    """Storage for a model built on the meta device and sharded (parallelize): each rank allocates only
+    its own shards, then fills them: from a Hugging Face folder's safetensors, each rank reading only
+    the slices of its shards (DCP's HuggingFaceStorageReader), or with the model's initialisation
+    drawn per shard. A 70B or 405B never exists whole on any rank or host. Non-persistent buffers (the
+    rotary embedding's frequencies) are computed again on the device."""
+    import torch
+
+    tied = model.config.tie_word_embeddings and model.get_output_embeddings() is not None
+    model.to_empty(device=device)
+    if tied:  # to_empty gives each module its own tensor; tie them again as the model was built
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    with torch.no_grad():
+        if hf_folder is not None:
+            load_hf(model, hf_folder)
+        else:
+            initialise(model)
+        recompute_buffers(model, device)
+    return model
+
+
+def recompute_buffers(model, device):
+    """The buffers a checkpoint does not hold (non-persistent), which transformers computes from the
+    config when a module is built: the rotary embedding's frequencies and Gemma's embedding scale. Any
+    other is refused here rather than left as the garbage to_empty leaves."""
+    import torch
+
+    for module in model.modules():
+        names = set(getattr(module, "_non_persistent_buffers_set", ()))
+        if not names:
+            continue
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            with torch.device(device):
+                fresh = type(module)(config=module.config)
+            for name, buffer in fresh.named_buffers(recurse=False):
+                setattr(module, name, buffer)
+        elif names == {"embed_scale"} and hasattr(module, "scalar_embed_scale"):
+            module.embed_scale = torch.tensor(module.scalar_embed_scale, device=device)
+        else:
+            raise RuntimeError(f"{type(module).__name__} has buffers {sorted(names)} that a sharded build cannot fill")
+
+
+def initialise(model):
+    """What transformers' _init_weights draws (normal(0, initializer_range) for linear and embedding
+    weights, zero biases, norms at their identity: 1, or 0 where the norm multiplies by 1 + weight, as
+    Gemma 2's does), done on each rank's shards (DTensor's random ops draw per shard)."""
+    import torch
+
+    std = model.config.initializer_range
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif type(module).__name__.endswith("RMSNorm"):
+            gemma = type(module).__name__.startswith("Gemma")
+            (torch.nn.init.zeros_ if gemma else torch.nn.init.ones_)(module.weight)
+
+
+def load_hf(model, folder):
+    """A Hugging Face folder's safetensors into a sharded model: each rank reads the slices it holds."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    state = get_model_state_dict(model)
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)  # tied: the folder holds the embedding once
+    dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(path=str(folder)))
+    set_model_state_dict(model, state, options=_non_strict())
+
+
+def _non_strict():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(strict=False)
+
+
 def clip_grad_norm(parameters, max_norm):
     """The global gradient norm, clipped to `max_norm`. Parameters live on two meshes (dp for the
     replicated-across-tp ones, dp x tp for the tensor-parallel ones), so norms are summed per mesh and

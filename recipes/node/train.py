@@ -256,7 +256,14 @@ def train(config):
     if rank == 0:
         checkpoints.mkdir(parents=True, exist_ok=True)
     layout.barrier()
-    model = build_model(config).to(device)  # every rank builds the same model (seeded), then shards it
+    # "sharded" (the full profiles): built on the meta device, sharded, then each rank allocates and
+    # fills only its shards (recipes/node/distributed.materialise). "whole" (the tiny profiles): every
+    # rank builds the same seeded model and shards it, so any layout starts from the very weights one
+    # rank does (the tests compare layouts' losses exactly).
+    strategy = parallel.get("strategy", "fsdp")
+    build = parallel.get("build") or ("sharded" if config.get("profile") == "full" else "whole")
+    sharded = build == "sharded" and strategy != "ddp"
+    model = build_model(config, device="meta") if sharded else build_model(config).to(device)
     parameters = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
     model_config = model.config
     model = distributed.parallelize(
@@ -264,8 +271,13 @@ def train(config):
         layout,
         mixed_precision=mixed,
         activation_checkpointing=parallel.get("activation_checkpointing", True),
-        strategy=parallel.get("strategy", "fsdp"),
+        strategy=strategy,
     )
+    if sharded:
+        torch.manual_seed(config["seed"])
+        distributed.materialise(
+            model, device, hf_folder=architecture_folder(config) if config.get("init_from_hf") else None
+        )
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=0.0)
     warmup = max(1, config["steps"] // 10)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -339,7 +351,10 @@ def train(config):
         optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=device)
         for micro in range(accumulation):
-            if world > 1 and hasattr(model, "set_requires_gradient_sync"):  # one reduction per step (FSDP2)
+            if world > 1 and not sharded and hasattr(model, "set_requires_gradient_sync"):
+                # One reduction per step (FSDP2), at the cost of unsharded gradients between micro-batches:
+                # the tiny profiles' choice. A sharded build reduce-scatters every micro-batch, so its
+                # gradients stay sharded (unsharded fp32 gradients of a 70B over tp 4 would add 70 GB).
                 model.set_requires_gradient_sync(micro == accumulation - 1)
             x = mine_x[micro * micro_batch : (micro + 1) * micro_batch].to(device)
             y = mine_y[micro * micro_batch : (micro + 1) * micro_batch].to(device)
