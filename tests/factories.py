@@ -3,6 +3,8 @@ and endpoint tests, the secret-leak check, the v1beta1 create, and waits on oper
 Test modules import these, never each other."""
 
 import json
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -18,6 +20,24 @@ from .conftest import wait_until
 
 def fresh(prefix="llama"):
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def train_on_ranks(folder, ranks=1):
+    """recipes/node/train.py on folder/config.json as the nodes run it: one process, or `ranks` gloo ranks
+    under torchrun on this machine. The run's result.json (None when the run exports no result)."""
+    command = [sys.executable, "-m", "recipes.node.train", str(folder / "config.json")]
+    if ranks > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+                   "--standalone", "-m", "recipes.node.train", str(folder / "config.json")]  # fmt: skip
+    done = subprocess.run(command, cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = folder / "result.json"
+    return json.loads(result.read_text()) if result.exists() else None
+
+
+def losses(folder):
+    """The loss of every step a run wrote to metrics.jsonl."""
+    return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
 def tiny_model(folder):

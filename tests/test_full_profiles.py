@@ -7,9 +7,6 @@ Persona: tomas, who writes recipes."""
 import json
 import math
 import resource
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +15,8 @@ import torch
 from recipes.catalog import get_recipe, model_shape, recipes
 from recipes.node import distributed, train
 from recipes.runs import fit, launch
+
+from .factories import losses, train_on_ranks
 
 # Published totals (each model card's safetensors parameter count on Hugging Face).
 PUBLISHED = {
@@ -114,8 +113,6 @@ def test_every_collective_of_a_layout_takes_tensors_on_the_layouts_device(monkey
 
 # -- the sharded build, run as the nodes run it (torchrun, gloo ranks on this machine) ---------------
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def tiny(folder, family="llama", **changes):
     values = {
@@ -133,13 +130,8 @@ def tiny(folder, family="llama", **changes):
 
 
 def run(folder, ranks):
-    command = [sys.executable, "-m", "recipes.node.train", str(folder / "config.json")]
-    if ranks > 1:
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-                   "--standalone", "-m", "recipes.node.train", str(folder / "config.json")]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    train_on_ranks(folder, ranks)
+    return losses(folder)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma"])  # gemma: tied embeddings, norms that start at 0

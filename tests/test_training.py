@@ -16,6 +16,8 @@ from django.conf import settings
 from recipes.catalog import get_recipe
 from recipes.runs import fit
 
+from .factories import losses, train_on_ranks
+
 ROOT = Path(settings.BASE_DIR)
 
 
@@ -38,17 +40,7 @@ def config(folder, family="llama", **changes):
 
 
 def train(folder, ranks=1):
-    command = [sys.executable, "-m", "recipes.node.train", str(folder / "config.json")]
-    if ranks > 1:
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-                   "--standalone", "-m", "recipes.node.train", str(folder / "config.json")]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return json.loads((folder / "result.json").read_text())
-
-
-def losses(folder):
-    return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return train_on_ranks(folder, ranks)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma"])
