@@ -25,7 +25,19 @@ def envfloat(name, default):
     return float(env(name, str(default)))
 
 
-VAR_DIR = Path(env("CONSOLE_VAR_DIR", str(BASE_DIR / "var")))
+def private_dir(path):
+    """`path`, made and kept 0700 when this account owns it: what the console keeps there (the SQLite
+    database with sessions, password hashes and tokens; the secret key; the registry's files; logs) is
+    for the console alone. Users' jobs run on this very host under the local backend, as accounts
+    that must not read any of it (the local clusters live elsewhere: LOCAL_CLUSTERS_DIR)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if path.stat().st_uid == os.getuid():
+        os.chmod(path, 0o700)
+    return path
+
+
+VAR_DIR = private_dir(env("CONSOLE_VAR_DIR", str(BASE_DIR / "var")))
 
 # Off unless asked for: DEBUG pages show settings and tracebacks to anyone who triggers an error.
 DEBUG = envbool("DEBUG", "False")
@@ -283,9 +295,10 @@ CLUSTER_BACKENDS = {
 }
 DEFAULT_CLUSTER_BACKEND = env("DEFAULT_CLUSTER_BACKEND", "local")
 
-# Local backend: where each cluster's directory (slurm.conf, munge key, state, logs) lives.
-# Keep it short: munge's unix socket lives inside and socket paths are limited to 107 bytes.
-LOCAL_CLUSTERS_DIR = Path(env("LOCAL_CLUSTERS_DIR", str(VAR_DIR / "clusters")))
+# Local backend: where each cluster's directory (slurm.conf, munge key, state, logs, users' homes) lives.
+# Not under var/, which users' jobs must not enter. Keep it short: munge's unix socket lives inside and
+# socket paths are limited to 107 bytes.
+LOCAL_CLUSTERS_DIR = Path(env("LOCAL_CLUSTERS_DIR", str(BASE_DIR / "local-clusters")))
 LOCAL_MAX_NODES = envint("LOCAL_MAX_NODES", 16)
 # Users' POSIX accounts and projects' groups on clusters start with this (clusters/accounts.py).
 POSIX_ACCOUNT_PREFIX = env("POSIX_ACCOUNT_PREFIX", "tcc-")

@@ -9,7 +9,7 @@ import os
 import sys
 
 from .settings import *  # noqa: F403
-from .settings import ALLOWED_HOSTS, BASE_DIR, DATABASES, env
+from .settings import ALLOWED_HOSTS, BASE_DIR, DATABASES, env, private_dir
 
 # Two checkouts testing at once (a developer's and a CI clone) must not share a database file,
 # cluster folders or a task queue.
@@ -20,12 +20,16 @@ CELERY_TASK_DEFAULT_QUEUE = f"console-tests-{CHECKOUT}"
 CELERY_TASK_ALWAYS_EAGER = False
 TEST_ROOT = env("TEST_ROOT", f"/tmp/tcc-tests-{CHECKOUT}")
 LOCAL_CLUSTERS_DIR = env("LOCAL_CLUSTERS_DIR", f"{TEST_ROOT}/clusters")
-DATABASES["default"]["TEST"] = {"NAME": f"{TEST_ROOT}/test.sqlite3"}
+# The console's own files (database, registry) in a private folder, as var/ is: the tests' local
+# clusters run users' jobs on this host beside them.
+TEST_VAR = f"{TEST_ROOT}/var"
+DATABASES["default"]["TEST"] = {"NAME": f"{TEST_VAR}/test.sqlite3"}
 if DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": "test_console"}
 if os.environ.get("CONSOLE_WORKER_USES_TEST_DB"):
     DATABASES["default"]["NAME"] = DATABASES["default"]["TEST"]["NAME"]
 os.makedirs(TEST_ROOT, exist_ok=True)
+private_dir(TEST_VAR)
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 ALLOWED_HOSTS = [*ALLOWED_HOSTS, "testserver"]  # Django's test client; never in the real settings
 LOGGING = {"version": 1, "disable_existing_loggers": False}
@@ -45,6 +49,6 @@ GCE_HEALTH_CHECK_INTERVAL = envint("GCE_HEALTH_CHECK_INTERVAL", 10)  # noqa: F40
 GCE_SLURM_CRED_EXPIRE = envint("GCE_SLURM_CRED_EXPIRE", 10)  # noqa: F405
 # The tests' MLflow server (tests/conftest.py starts it once per session), on a port of this checkout's.
 MLFLOW_TRACKING_URI = env("TEST_MLFLOW_TRACKING_URI", f"http://127.0.0.1:{5100 + int(CHECKOUT, 16) % 800}")
-MLFLOW_DIR = f"{TEST_ROOT}/mlflow"
+MLFLOW_DIR = f"{TEST_VAR}/mlflow"
 # The tests' inference router (tests/test_endpoints.py starts it), on a port of this checkout's.
 ROUTER_PORT = envint("TEST_ROUTER_PORT", 6100 + int(CHECKOUT, 16) % 800)  # noqa: F405

@@ -483,6 +483,39 @@ def test_a_job_sent_through_slurmrestd_runs_as_the_callers_account_and_other_pro
     assert own.returncode == 0 and own.stdout.split()[0].decode() == mine.name
 
 
+def test_ritas_job_cannot_read_the_consoles_database_keys_or_registry_on_its_host(rita_api, train_cluster):
+    """The local backend runs users' jobs on the console's own host: rita's job tries the files the
+    console keeps (the database with every project's sessions, password hashes and tokens, the
+    secret key, the registry's store). Each is refused by the folder's mode (0700), not by luck."""
+    from django.conf import settings
+
+    from clusters.backends import get_backend
+
+    local_only(train_cluster, "it reads the files of this machine's console")
+    home = get_backend("local").paths(train_cluster).jobs
+    database = Path(settings.DATABASES["default"]["NAME"])
+    files = [database, Path(settings.VAR_DIR) / "secret_key"]
+    folders = [database.parent, Path(settings.VAR_DIR), Path(settings.MLFLOW_DIR)]
+    assert database.exists()
+    tries = [f"cat {f} >/dev/null" for f in files] + [f"ls {d} >/dev/null" for d in folders]
+    submit = {
+        "method": "HTTP_METHOD_POST",
+        "path": "/slurm/v0.0.38/job/submit",
+        "body": {
+            "script": "#!/bin/bash\n" + "".join(f"{t} 2>>peek.txt; echo $? >>codes.txt\n" for t in tries),
+            "job": {"name": "peek", "partition": "cpu", "nodes": 1, "tasks": 1, "time_limit": 5,
+                    "current_working_directory": str(home), "environment": {"PATH": "/usr/bin:/bin"}},
+        },
+    }  # fmt: skip
+    response = rita_api.post(SLURM_REST, submit, format="json")
+    assert response.json()["status_code"] == 200, response.content
+    codes = home / "codes.txt"
+    wait_until(lambda: codes.exists() and len(codes.read_text().split()) == len(tries), timeout=60, message="the job")
+    assert codes.read_text().split() == ["1", "1", "2", "2", "2"]  # every cat and ls failed
+    assert (home / "peek.txt").read_text().count("Permission denied") == len(tries)
+    assert Path(settings.VAR_DIR).stat().st_mode & 0o777 == 0o700
+
+
 def test_the_launch_page_shows_the_layout_and_the_memory_estimate_before_submit(train_cluster, client):
     client.force_login(train_cluster.project.members.get())
     form = {"recipe": "gemma2-2b-pretrain", "profile": "tiny", "partition": "cpu", "nodes": "2", "steps": "5",
