@@ -13,7 +13,9 @@ import time
 
 from _setup import ROOT, scratch_django
 
-ENV = scratch_django(REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"), LOCAL_MAX_NODES="1000")
+# Its own Redis database (14) of the Redis bootstrap.sh started, or BENCH_REDIS_URL.
+REDIS = {"REDIS_URL": os.environ["BENCH_REDIS_URL"]} if os.environ.get("BENCH_REDIS_URL") else {"REDIS_DB": "14"}
+ENV = scratch_django(**REDIS, LOCAL_MAX_NODES="1000")
 
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402

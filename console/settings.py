@@ -3,6 +3,7 @@
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import quote
 
 import dj_database_url
 
@@ -168,7 +169,21 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 # Without collectstatic (tests, a checkout), serve from the apps' folders.
 WHITENOISE_USE_FINDERS = envbool("WHITENOISE_USE_FINDERS", "True")
 
-REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:6379/0")
+# The Redis scripts/bootstrap.sh starts on this machine requires the password it generated into
+# REDIS_PASSWORD_FILE (root only); several machines set REDIS_URL (with its password) instead.
+REDIS_PASSWORD_FILE = Path(env("REDIS_PASSWORD_FILE", "/var/lib/tcc/redis/password"))
+
+
+def local_redis_url(db):
+    try:
+        password = REDIS_PASSWORD_FILE.read_text().strip()
+    except OSError:  # none yet (bootstrap makes it), or not this account's to read: Redis will say NOAUTH
+        password = ""
+    auth = f":{quote(password, safe='')}@" if password else ""
+    return f"redis://{auth}127.0.0.1:{envint('REDIS_PORT', 6379)}/{db}"
+
+
+REDIS_URL = env("REDIS_URL") or local_redis_url(envint("REDIS_DB", 0))
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True

@@ -9,12 +9,12 @@ import os
 import sys
 
 from .settings import *  # noqa: F403
-from .settings import ALLOWED_HOSTS, BASE_DIR, DATABASES, env, private_dir
+from .settings import ALLOWED_HOSTS, BASE_DIR, DATABASES, env, local_redis_url, private_dir
 
 # Two checkouts testing at once (a developer's and a CI clone) must not share a database file,
 # cluster folders or a task queue.
 CHECKOUT = hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:8]
-REDIS_URL = env("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = env("TEST_REDIS_URL") or local_redis_url(15)
 CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_DEFAULT_QUEUE = f"console-tests-{CHECKOUT}"
 CELERY_TASK_ALWAYS_EAGER = False

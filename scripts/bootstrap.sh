@@ -41,14 +41,47 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
+# Redis with a password: the local backend runs users' jobs on this host, and an open Redis would let
+# any job queue a Celery task (which runs as root). The password is generated once per machine into
+# REDIS_DIR (root only, 0700/0600) and reaches redis-server through its config file and redis-cli
+# through REDISCLI_AUTH, never a command line (which `ps` shows to every account). The console's
+# settings read it from there (REDIS_PASSWORD_FILE).
 REDIS_PORT=${REDIS_PORT:-6379}
-if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
-  mkdir -p var
-  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --daemonize yes --save "" --appendonly no \
-    --logfile "$PWD/var/redis.log" --dir "$PWD/var"
-  for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+REDIS_DIR=${REDIS_DIR:-/var/lib/tcc/redis}
+install -d -m 0700 "$REDIS_DIR"
+if [ ! -s "$REDIS_DIR/password" ]; then
+  (umask 077 && "$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(32))' >"$REDIS_DIR/password.new" &&
+    mv "$REDIS_DIR/password.new" "$REDIS_DIR/password")
 fi
-redis-cli -p "$REDIS_PORT" ping >/dev/null
+redis_pong() { REDISCLI_AUTH="$(cat "$REDIS_DIR/password")" redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -qx PONG; }
+if ! redis_pong; then
+  if env -u REDISCLI_AUTH redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -qx PONG; then
+    # An open Redis on the port. One an older bootstrap started (its folder a checkout's var/) is
+    # stopped and started again with the password; any other is not ours to change.
+    dir=$(env -u REDISCLI_AUTH redis-cli -p "$REDIS_PORT" config get dir | tail -n 1)
+    if [ "$(basename "$dir")" = var ] && [ -f "$dir/redis.log" ]; then
+      env -u REDISCLI_AUTH redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+      for _ in $(seq 50); do env -u REDISCLI_AUTH redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 || break; sleep 0.1; done
+    else
+      echo "A Redis without a password answers on port $REDIS_PORT; stop it, or set REDIS_PORT to a free port" >&2
+      exit 1
+    fi
+  fi
+  (umask 077 && cat >"$REDIS_DIR/redis.conf" <<CONF
+port $REDIS_PORT
+bind 127.0.0.1
+requirepass $(cat "$REDIS_DIR/password")
+daemonize yes
+save ""
+appendonly no
+dir $REDIS_DIR
+logfile $REDIS_DIR/redis.log
+CONF
+  )
+  redis-server "$REDIS_DIR/redis.conf"
+  for _ in $(seq 50); do redis_pong && break; sleep 0.1; done
+fi
+redis_pong || { echo "Redis is not answering on port $REDIS_PORT (log: $REDIS_DIR/redis.log)" >&2; exit 1; }
 
 # Fail here, in one line, rather than later behind a daemon's timeout.
 .venv/bin/python -c "import sys; from clusters.backends.local.preflight import main; sys.exit(main())"

@@ -131,7 +131,10 @@ def redis_broker():
     try:
         client.ping()
     except redis.ConnectionError:
-        pytest.fail(f"Redis is not running at {settings.REDIS_URL}; start it (scripts/test.sh does)")
+        where = client.connection_pool.connection_kwargs  # the URL itself holds the password
+        pytest.fail(f"Redis is not running at {where.get('host')}:{where.get('port')}; start it (scripts/test.sh does)")
+    except redis.AuthenticationError:
+        pytest.fail(f"Redis refused the password in {settings.REDIS_PASSWORD_FILE}; scripts/bootstrap.sh sets both")
     purge_queue(client)
     return client
 

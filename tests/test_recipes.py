@@ -516,6 +516,44 @@ def test_ritas_job_cannot_read_the_consoles_database_keys_or_registry_on_its_hos
     assert Path(settings.VAR_DIR).stat().st_mode & 0o777 == 0o700
 
 
+def test_ritas_job_cannot_queue_a_celery_task_on_the_consoles_redis(rita_api, train_cluster, redis_broker):
+    """A task queued on the console's broker runs in a worker as root. rita's job on the console's host
+    finds Redis on 127.0.0.1 and tries it: without the password every command is refused, the password
+    file is root's alone, and no process's command line shows it."""
+    from django.conf import settings
+
+    from clusters.backends import get_backend
+
+    local_only(train_cluster, "it talks to this machine's Redis")
+    home = get_backend("local").paths(train_cluster).jobs
+    port = redis_broker.connection_pool.connection_kwargs["port"]
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    script = (
+        "#!/bin/bash\n"
+        f"redis-cli -p {port} -n 15 lpush {queue}-planted task >redis.txt 2>&1\n"
+        f"cat {settings.REDIS_PASSWORD_FILE} >/dev/null 2>peek.txt; echo $? >codes.txt\n"
+        "ps -eo args >processes.txt\n"
+        "touch done.txt\n"
+    )
+    submit = {
+        "method": "HTTP_METHOD_POST",
+        "path": "/slurm/v0.0.38/job/submit",
+        "body": {
+            "script": script,
+            "job": {"name": "planter", "partition": "cpu", "nodes": 1, "tasks": 1, "time_limit": 5,
+                    "current_working_directory": str(home), "environment": {"PATH": "/usr/bin:/bin"}},
+        },
+    }  # fmt: skip
+    response = rita_api.post(SLURM_REST, submit, format="json")
+    assert response.json()["status_code"] == 200, response.content
+    wait_until(lambda: (home / "done.txt").exists(), timeout=60, message="the planting job")
+    assert "NOAUTH" in (home / "redis.txt").read_text()
+    assert redis_broker.llen(f"{queue}-planted") == 0
+    assert (home / "codes.txt").read_text().split() == ["1"] and "Permission denied" in (home / "peek.txt").read_text()
+    password = settings.REDIS_PASSWORD_FILE.read_text().strip()
+    assert len(password) >= 32 and password not in (home / "processes.txt").read_text()
+
+
 def test_the_launch_page_shows_the_layout_and_the_memory_estimate_before_submit(train_cluster, client):
     client.force_login(train_cluster.project.members.get())
     form = {"recipe": "gemma2-2b-pretrain", "profile": "tiny", "partition": "cpu", "nodes": "2", "steps": "5",
