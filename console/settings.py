@@ -300,6 +300,11 @@ SPECTACULAR_SETTINGS = {
 # an artifact folder under var/, bound to 127.0.0.1; production: PostgreSQL and a GCS bucket, see
 # docs/registry.md). The console is its only client; users reach models through the console.
 MLFLOW_TRACKING_URI = env("MLFLOW_TRACKING_URI", "http://127.0.0.1:5070")
+# Its credentials: the embedded server's (scripts/mlflow.sh generates the password into this file),
+# or, for another server, MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (MLflow's own variables)
+# with MLFLOW_PASSWORD_FILE set empty.
+MLFLOW_USERNAME = env("MLFLOW_USERNAME", "console")
+MLFLOW_PASSWORD_FILE = env("MLFLOW_PASSWORD_FILE", str(VAR_DIR / "mlflow" / "password"))
 MLFLOW_TIMEOUT = envint("MLFLOW_TIMEOUT", 30)
 # Model names in the registry are "<project slug>.<name>"; experiments "<prefix><project slug>".
 MLFLOW_EXPERIMENT_PREFIX = env("MLFLOW_EXPERIMENT_PREFIX", "tcc/")

@@ -50,5 +50,6 @@ GCE_SLURM_CRED_EXPIRE = envint("GCE_SLURM_CRED_EXPIRE", 10)  # noqa: F405
 # The tests' MLflow server (tests/conftest.py starts it once per session), on a port of this checkout's.
 MLFLOW_TRACKING_URI = env("TEST_MLFLOW_TRACKING_URI", f"http://127.0.0.1:{5100 + int(CHECKOUT, 16) % 800}")
 MLFLOW_DIR = f"{TEST_VAR}/mlflow"
+MLFLOW_PASSWORD_FILE = f"{MLFLOW_DIR}/password"
 # The tests' inference router (tests/test_endpoints.py starts it), on a port of this checkout's.
 ROUTER_PORT = envint("TEST_ROUTER_PORT", 6100 + int(CHECKOUT, 16) % 800)  # noqa: F405

@@ -554,6 +554,42 @@ def test_ritas_job_cannot_queue_a_celery_task_on_the_consoles_redis(rita_api, tr
     assert len(password) >= 32 and password not in (home / "processes.txt").read_text()
 
 
+def test_ritas_job_cannot_use_the_registry_without_the_consoles_credentials(rita_api, train_cluster, mlflow_server):
+    """The registry (MLflow) listens on 127.0.0.1 of the console's host, where rita's job runs: she tries
+    to list every project's models and to move a production alias. MLflow's basic-auth app answers
+    401 to both; only the console holds the password (its folder is 0700)."""
+    from django.conf import settings
+
+    from clusters.backends import get_backend
+
+    local_only(train_cluster, "it talks to this machine's MLflow server")
+    home = get_backend("local").paths(train_cluster).jobs
+    api = f"{mlflow_server}/api/2.0/mlflow/registered-models"
+    alias = '{"name": "alpha.llama", "alias": "production", "version": "1"}'
+    script = (
+        "#!/bin/bash\n"
+        f"curl -s -o /dev/null -w '%{{http_code}}\\n' '{api}/search' >answers.txt\n"
+        f"curl -s -o /dev/null -w '%{{http_code}}\\n' -X POST -H 'Content-Type: application/json' -d '{alias}' "
+        f"'{api}/alias' >>answers.txt\n"
+        f"cat {settings.MLFLOW_PASSWORD_FILE} >/dev/null 2>peek.txt; echo $? >>answers.txt\n"
+        "touch done.txt\n"
+    )
+    submit = {
+        "method": "HTTP_METHOD_POST",
+        "path": "/slurm/v0.0.38/job/submit",
+        "body": {
+            "script": script,
+            "job": {"name": "alias-mover", "partition": "cpu", "nodes": 1, "tasks": 1, "time_limit": 5,
+                    "current_working_directory": str(home), "environment": {"PATH": "/usr/bin:/bin"}},
+        },
+    }  # fmt: skip
+    response = rita_api.post(SLURM_REST, submit, format="json")
+    assert response.json()["status_code"] == 200, response.content
+    wait_until(lambda: (home / "done.txt").exists(), timeout=60, message="the alias-moving job")
+    assert (home / "answers.txt").read_text().split() == ["401", "401", "1"]
+    assert "Permission denied" in (home / "peek.txt").read_text()
+
+
 def test_the_launch_page_shows_the_layout_and_the_memory_estimate_before_submit(train_cluster, client):
     client.force_login(train_cluster.project.members.get())
     form = {"recipe": "gemma2-2b-pretrain", "profile": "tiny", "partition": "cpu", "nodes": "2", "steps": "5",

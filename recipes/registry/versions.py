@@ -57,7 +57,23 @@ def client():
     # One try per call, bounded: a silent server is reported, not waited on for minutes.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(settings.MLFLOW_TIMEOUT))
+    sign_in()
     return MlflowClient(tracking_uri=settings.MLFLOW_TRACKING_URI, registry_uri=settings.MLFLOW_TRACKING_URI)
+
+
+def sign_in():
+    """The console's registry credentials where MLflow's client reads them (its environment variables):
+    the embedded server's password file (scripts/mlflow.sh writes it), read on every call, since a
+    restarted registry may have a new one; without the file, whatever the environment already holds."""
+    path = settings.MLFLOW_PASSWORD_FILE
+    if not path:
+        return
+    try:
+        password = Path(path).read_text().strip()
+    except OSError:  # not made yet: the server is not up either, and the call will say so
+        return
+    os.environ["MLFLOW_TRACKING_USERNAME"] = settings.MLFLOW_USERNAME
+    os.environ["MLFLOW_TRACKING_PASSWORD"] = password
 
 
 @contextlib.contextmanager
@@ -331,6 +347,7 @@ def stage(version, cluster):
 def download_source(source, target):
     import mlflow.artifacts
 
+    sign_in()
     return mlflow.artifacts.download_artifacts(
         artifact_uri=source, dst_path=target, tracking_uri=settings.MLFLOW_TRACKING_URI
     )
