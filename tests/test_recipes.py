@@ -312,6 +312,24 @@ def cluster_home(cluster):
     return str(get_backend(cluster.backend).shared_dir(cluster))
 
 
+def run_in_home(api, home, name, script):
+    """`script` as a job of the api's user through :callSlurmRestApi, in a folder `name` it makes in
+    `home`; waits for the script's last line (it touches done.txt) and returns that folder."""
+    submit = {
+        "method": "HTTP_METHOD_POST",
+        "path": "/slurm/v0.0.38/job/submit",
+        "body": {
+            "script": f"#!/bin/bash\nmkdir {name} && cd {name} || exit 1\n" + script + "touch done.txt\n",
+            "job": {"name": name, "partition": "cpu", "nodes": 1, "tasks": 1, "time_limit": 5,
+                    "current_working_directory": str(home), "environment": {"PATH": "/usr/bin:/bin"}},
+        },
+    }  # fmt: skip
+    response = api.post(SLURM_REST, submit, format="json")
+    assert response.json()["status_code"] == 200, response.content
+    wait_until(lambda: (home / name / "done.txt").exists(), timeout=60, message=f"the {name} job")
+    return home / name
+
+
 def test_automation_submits_lists_and_cancels_jobs_through_slurmrestd(rita_api, train_cluster):
     submit = {
         "method": "HTTP_METHOD_POST",
@@ -492,26 +510,14 @@ def test_ritas_job_cannot_read_the_consoles_database_keys_or_registry_on_its_hos
     from clusters.backends import get_backend
 
     local_only(train_cluster, "it reads the files of this machine's console")
-    home = get_backend("local").paths(train_cluster).jobs
     database = Path(settings.DATABASES["default"]["NAME"])
     files = [database, Path(settings.VAR_DIR) / "secret_key"]
     folders = [database.parent, Path(settings.VAR_DIR), Path(settings.MLFLOW_DIR)]
     assert database.exists()
     tries = [f"cat {f} >/dev/null" for f in files] + [f"ls {d} >/dev/null" for d in folders]
-    submit = {
-        "method": "HTTP_METHOD_POST",
-        "path": "/slurm/v0.0.38/job/submit",
-        "body": {
-            "script": "#!/bin/bash\n" + "".join(f"{t} 2>>peek.txt; echo $? >>codes.txt\n" for t in tries),
-            "job": {"name": "peek", "partition": "cpu", "nodes": 1, "tasks": 1, "time_limit": 5,
-                    "current_working_directory": str(home), "environment": {"PATH": "/usr/bin:/bin"}},
-        },
-    }  # fmt: skip
-    response = rita_api.post(SLURM_REST, submit, format="json")
-    assert response.json()["status_code"] == 200, response.content
-    codes = home / "codes.txt"
-    wait_until(lambda: codes.exists() and len(codes.read_text().split()) == len(tries), timeout=60, message="the job")
-    assert codes.read_text().split() == ["1", "1", "2", "2", "2"]  # every cat and ls failed
+    script = "".join(f"{t} 2>>peek.txt; echo $? >>codes.txt\n" for t in tries)
+    home = run_in_home(rita_api, get_backend("local").paths(train_cluster).jobs, "peek", script)
+    assert (home / "codes.txt").read_text().split() == ["1", "1", "2", "2", "2"]  # every cat and ls failed
     assert (home / "peek.txt").read_text().count("Permission denied") == len(tries)
     assert Path(settings.VAR_DIR).stat().st_mode & 0o777 == 0o700
 
@@ -525,30 +531,16 @@ def test_ritas_job_cannot_queue_a_celery_task_on_the_consoles_redis(rita_api, tr
     from clusters.backends import get_backend
 
     local_only(train_cluster, "it talks to this machine's Redis")
-    home = get_backend("local").paths(train_cluster).jobs
     port = redis_broker.connection_pool.connection_kwargs["port"]
-    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    planted = f"{settings.CELERY_TASK_DEFAULT_QUEUE}-planted"
     script = (
-        "#!/bin/bash\n"
-        f"redis-cli -p {port} -n 15 lpush {queue}-planted task >redis.txt 2>&1\n"
+        f"redis-cli -p {port} -n 15 lpush {planted} task >redis.txt 2>&1\n"
         f"cat {settings.REDIS_PASSWORD_FILE} >/dev/null 2>peek.txt; echo $? >codes.txt\n"
         "ps -eo args >processes.txt\n"
-        "touch done.txt\n"
     )
-    submit = {
-        "method": "HTTP_METHOD_POST",
-        "path": "/slurm/v0.0.38/job/submit",
-        "body": {
-            "script": script,
-            "job": {"name": "planter", "partition": "cpu", "nodes": 1, "tasks": 1, "time_limit": 5,
-                    "current_working_directory": str(home), "environment": {"PATH": "/usr/bin:/bin"}},
-        },
-    }  # fmt: skip
-    response = rita_api.post(SLURM_REST, submit, format="json")
-    assert response.json()["status_code"] == 200, response.content
-    wait_until(lambda: (home / "done.txt").exists(), timeout=60, message="the planting job")
+    home = run_in_home(rita_api, get_backend("local").paths(train_cluster).jobs, "planter", script)
     assert "NOAUTH" in (home / "redis.txt").read_text()
-    assert redis_broker.llen(f"{queue}-planted") == 0
+    assert redis_broker.llen(planted) == 0
     assert (home / "codes.txt").read_text().split() == ["1"] and "Permission denied" in (home / "peek.txt").read_text()
     password = settings.REDIS_PASSWORD_FILE.read_text().strip()
     assert len(password) >= 32 and password not in (home / "processes.txt").read_text()
@@ -563,29 +555,15 @@ def test_ritas_job_cannot_use_the_registry_without_the_consoles_credentials(rita
     from clusters.backends import get_backend
 
     local_only(train_cluster, "it talks to this machine's MLflow server")
-    home = get_backend("local").paths(train_cluster).jobs
     api = f"{mlflow_server}/api/2.0/mlflow/registered-models"
     alias = '{"name": "alpha.llama", "alias": "production", "version": "1"}'
+    status = "curl -s -o /dev/null -w '%{http_code}\\n'"
     script = (
-        "#!/bin/bash\n"
-        f"curl -s -o /dev/null -w '%{{http_code}}\\n' '{api}/search' >answers.txt\n"
-        f"curl -s -o /dev/null -w '%{{http_code}}\\n' -X POST -H 'Content-Type: application/json' -d '{alias}' "
-        f"'{api}/alias' >>answers.txt\n"
+        f"{status} '{api}/search' >answers.txt\n"
+        f"{status} -X POST -H 'Content-Type: application/json' -d '{alias}' '{api}/alias' >>answers.txt\n"
         f"cat {settings.MLFLOW_PASSWORD_FILE} >/dev/null 2>peek.txt; echo $? >>answers.txt\n"
-        "touch done.txt\n"
     )
-    submit = {
-        "method": "HTTP_METHOD_POST",
-        "path": "/slurm/v0.0.38/job/submit",
-        "body": {
-            "script": script,
-            "job": {"name": "alias-mover", "partition": "cpu", "nodes": 1, "tasks": 1, "time_limit": 5,
-                    "current_working_directory": str(home), "environment": {"PATH": "/usr/bin:/bin"}},
-        },
-    }  # fmt: skip
-    response = rita_api.post(SLURM_REST, submit, format="json")
-    assert response.json()["status_code"] == 200, response.content
-    wait_until(lambda: (home / "done.txt").exists(), timeout=60, message="the alias-moving job")
+    home = run_in_home(rita_api, get_backend("local").paths(train_cluster).jobs, "alias-mover", script)
     assert (home / "answers.txt").read_text().split() == ["401", "401", "1"]
     assert "Permission denied" in (home / "peek.txt").read_text()
 
