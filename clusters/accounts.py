@@ -23,10 +23,13 @@ def safe(text, length):
     return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:length].strip("-") or "x"
 
 
+def project_group(project):
+    """The POSIX group of `project`'s accounts: the only group its clusters' partitions and munge socket
+    admit (besides root, the console's own work)."""
+    return f"{settings.POSIX_ACCOUNT_PREFIX}p-{safe(project.slug, 16)}-{project.pk}"
+
+
 def account_for(user, project):
     """The account `user` works as in `project`'s clusters; the user's id keeps two names apart."""
     prefix = settings.POSIX_ACCOUNT_PREFIX
-    return Account(
-        name=f"{prefix}{safe(user.get_username(), 18)}-{user.pk}",
-        group=f"{prefix}p-{safe(project.slug, 16)}-{project.pk}",
-    )
+    return Account(name=f"{prefix}{safe(user.get_username(), 18)}-{user.pk}", group=project_group(project))

@@ -568,6 +568,45 @@ def test_ritas_job_cannot_use_the_registry_without_the_consoles_credentials(rita
     assert "Permission denied" in (home / "peek.txt").read_text()
 
 
+def test_an_account_of_another_project_cannot_submit_to_ritas_cluster(train_cluster, rita_api):
+    """Every project's accounts live on the local backend's one machine. olaf's (project olab) takes
+    rita's cluster's slurm.conf and submits: munged's socket is in a folder only rlab's group enters,
+    and every partition admits rlab's group alone. rita's own account submits the same way."""
+    import grp
+    import subprocess
+
+    from django.conf import settings
+
+    from clusters.accounts import account_for, project_group
+    from clusters.backends import get_backend
+
+    local_only(train_cluster, "it submits as accounts of this machine")
+    paths = get_backend("local").paths(train_cluster)
+    group = project_group(train_cluster.project)
+    olaf, olab = f"{settings.POSIX_ACCOUNT_PREFIX}olaf-0", f"{settings.POSIX_ACCOUNT_PREFIX}p-olab-0"
+    subprocess.run(["groupadd", "--system", olab], capture_output=True, check=False)
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--gid", olab, olaf],
+                   capture_output=True, check=False)  # fmt: skip
+
+    def submit(account):
+        return subprocess.run(
+            ["runuser", "-u", account, "--", "env", f"SLURM_CONF={paths.conf}", "sbatch", "--partition=cpu",
+             "--output=/dev/null", "--wrap=true"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    theirs = submit(olaf)
+    assert theirs.returncode != 0 and "Submitted batch job" not in theirs.stdout
+    assert "Permission denied" in theirs.stderr, theirs.stderr  # munged's socket, before Slurm hears of it
+    munge = paths.munge_dir.stat()
+    assert (munge.st_mode & 0o777, munge.st_gid) == (0o750, grp.getgrnam(group).gr_gid)
+    assert f"AllowGroups={group}" in paths.conf.read_text()
+    rita = account_for(train_cluster.project.members.get(), train_cluster.project)
+    get_backend("local").ensure_account(train_cluster, rita)
+    mine = submit(rita.name)
+    assert mine.returncode == 0 and "Submitted batch job" in mine.stdout, mine.stderr
+
+
 def test_the_launch_page_shows_the_layout_and_the_memory_estimate_before_submit(train_cluster, client):
     client.force_login(train_cluster.project.members.get())
     form = {"recipe": "gemma2-2b-pretrain", "profile": "tiny", "partition": "cpu", "nodes": "2", "steps": "5",

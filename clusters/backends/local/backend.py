@@ -16,6 +16,7 @@ import sys
 
 from django.conf import settings
 
+from ...accounts import project_group
 from ...choices import NodeState
 from ...spec import pool_node_count
 from .. import slurm_waits
@@ -78,7 +79,7 @@ class LocalBackend(Backend):
         leaving = list(cluster.nodes.filter(state=NodeState.DELETING))
 
         def make_folder(ctx):
-            prepare(paths)
+            prepare(paths, project_group(cluster.project))
             conf.write_health_check(paths)
 
         steps = [

@@ -3,6 +3,7 @@
 import hashlib
 import os
 
+from ...accounts import project_group
 from ...choices import NodeRole
 from ...spec.catalog import machine_type_info
 from ..base import NodeShape
@@ -104,8 +105,11 @@ def render(cluster, paths, wanted):
         if not names:
             continue
         default = "YES" if partition.is_default else "NO"
+        # Only the project's accounts (and root: the console's scans and repairs) submit here; every
+        # project's accounts live on this machine (slurm.conf(5), AllowGroups).
         lines.append(
-            f"PartitionName={partition.name} Nodes={','.join(names)} Default={default} MaxTime=INFINITE State=UP"
+            f"PartitionName={partition.name} Nodes={','.join(names)} Default={default} MaxTime=INFINITE State=UP "
+            f"AllowGroups={project_group(cluster.project)}"
         )
     return "\n".join(lines) + "\n"
 

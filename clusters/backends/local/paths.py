@@ -1,7 +1,9 @@
 """Where a local cluster lives: one folder per cluster under LOCAL_CLUSTERS_DIR, and its secrets."""
 
+import grp
 import os
 import secrets
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,14 +87,18 @@ def write_secret(path, size):
     os.replace(tmp, path)
 
 
-def prepare(paths):
-    """Check this machine's Slurm, then make the cluster's folders and keys (idempotent)."""
+def prepare(paths, group):
+    """Check this machine's Slurm, then make the cluster's folders and keys (idempotent). Every project's
+    jobs run on this one machine, so the cluster's munge socket (whoever reaches it can have munged
+    vouch for them to this cluster's slurmctld) is in a folder only the project's group enters."""
     missing = preflight.problem()
     if missing:
         raise PermanentBackendError(missing)
     for folder in (paths.root, paths.munge_dir, paths.state, paths.spool, paths.logs, paths.jobs):
         folder.mkdir(parents=True, exist_ok=True)
-    paths.munge_dir.chmod(0o755)
+    gid = ensure_group(group)
+    os.chown(paths.munge_dir, 0, gid)
+    paths.munge_dir.chmod(0o750)
     paths.secrets.mkdir(mode=0o700, exist_ok=True)
     write_secret(paths.munge_key, 128)
     write_secret(paths.jwt_key, 32)
@@ -107,3 +113,14 @@ def prepare(paths):
         raise PermanentBackendError(
             f"LOCAL_CLUSTERS_DIR is too deep for munge's socket ({paths.munge_socket}); choose a shorter path"
         )
+
+
+def ensure_group(group):
+    """The project's POSIX group on this machine (made if missing); its gid."""
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        done = subprocess.run(["groupadd", "--system", group], capture_output=True, text=True, timeout=30)
+        if done.returncode != 0 and "already exists" not in done.stderr:
+            raise PermanentBackendError(f"groupadd {group}: {done.stderr.strip()}") from None
+        return grp.getgrnam(group).gr_gid
