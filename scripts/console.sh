@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up and run the console on this machine: local Slurm backend, SQLite, Redis, one Celery worker
 # (with the beat scheduler), the model registry (MLflow), the inference router and the web server on
-# http://127.0.0.1:8000/.
+# http://127.0.0.1:8000/ (gunicorn; `--dev` for Django's development server instead).
 # Ctrl-C stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,4 +29,16 @@ trap 'kill $worker $registry $router 2>/dev/null; wait $worker $registry $router
 echo "Celery worker running (log: var/worker.log); model registry: ${MLFLOW_TRACKING_URI:-http://127.0.0.1:5070} (log: var/mlflow.log)."
 echo "Inference router: http://127.0.0.1:${ROUTER_PORT:-8100}/<project>/<endpoint>/v1/... (log: var/router.log)."
 echo "Console: http://127.0.0.1:${PORT:-8000}/"
-.venv/bin/python manage.py runserver "127.0.0.1:${PORT:-8000}"
+if [ "${1:-}" = "--dev" ]; then
+  # Django's development server (reloads on code changes); never for anyone else to use.
+  web=(.venv/bin/python manage.py runserver "127.0.0.1:${PORT:-8000}")
+else
+  # gunicorn, WhiteNoise serving the collected static files; the access log beside the others.
+  web=(.venv/bin/gunicorn console.wsgi --bind "127.0.0.1:${PORT:-8000}" --workers "${WEB_WORKERS:-3}"
+    --timeout 60 --no-control-socket --access-logfile var/access.log --error-logfile -)
+fi
+"${web[@]}" &
+server=$!
+# In the background and waited for, so that a TERM to this script stops everything at once.
+trap 'kill $worker $registry $router $server 2>/dev/null; wait $worker $registry $router $server 2>/dev/null' EXIT INT TERM
+wait $server
