@@ -273,6 +273,18 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "console.pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 100,
+    "DEFAULT_THROTTLE_CLASSES": ["console.throttles.Reads", "console.throttles.Writes"],
+}
+# Requests per minute per user on the REST APIs (console/throttles.py), reads and writes apart.
+API_READS_PER_MINUTE = envint("API_READS_PER_MINUTE", 600)
+API_WRITES_PER_MINUTE = envint("API_WRITES_PER_MINUTE", 60)
+# The cache the throttles count in: this process's memory, or Redis shared by every web server.
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": env("CACHE_URL")}
+        if env("CACHE_URL")
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Training cluster console API",

@@ -53,3 +53,6 @@ MLFLOW_DIR = f"{TEST_VAR}/mlflow"
 MLFLOW_PASSWORD_FILE = f"{MLFLOW_DIR}/password"
 # The tests' inference router (tests/test_endpoints.py starts it), on a port of this checkout's.
 ROUTER_PORT = envint("TEST_ROUTER_PORT", 6100 + int(CHECKOUT, 16) % 800)  # noqa: F405
+# The suite's clients (the schema fuzzers above all) send far more than a person would; the throttle
+# tests set their own limits.
+API_READS_PER_MINUTE = API_WRITES_PER_MINUTE = 100_000

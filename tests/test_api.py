@@ -184,3 +184,30 @@ def test_it_refuses_a_cluster_over_the_projects_quota(alice_api, alpha):
         "Quota exceeded: Nodes: the project's quota is 5, its clusters use 3, this asks for 3"
     )
     assert create(alice_api, "third", example_spec(cpu=1)).status_code == 202
+
+
+def test_it_answers_429_with_retry_after_once_alice_passes_her_reads_and_keeps_her_writes_apart(
+    alice_api, bob_api, settings
+):
+    from django.core.cache import cache
+
+    cache.clear()
+    settings.API_READS_PER_MINUTE, settings.API_WRITES_PER_MINUTE = 5, 2
+    for _ in range(5):
+        assert alice_api.get(CLUSTERS).status_code == 200
+    refused = alice_api.get(CLUSTERS)
+    assert refused.status_code == 429
+    assert 1 <= int(refused["Retry-After"]) <= 60
+    assert bob_api.get(CLUSTERS).status_code == 200  # counted per user
+    # Writes have their own budget: the polling above did not use it up.
+    assert create(alice_api, "first").status_code == 202
+    assert create(alice_api, "second").status_code == 202
+    assert create(alice_api, "third").status_code == 429
+    assert not Cluster.objects.filter(name="third").exists()
+    # The service's paths answer as Google does.
+    answer = alice_api.get("/v1beta1/projects/alpha/locations/us-central1/modelDevelopmentClusters")
+    assert answer.status_code == 429
+    error = answer.json()["error"]
+    assert (error["code"], error["status"]) == (429, "RESOURCE_EXHAUSTED")
+    assert error["details"][0]["@type"] == "type.googleapis.com/google.rpc.RetryInfo"
+    assert int(answer["Retry-After"]) >= 1

@@ -16,6 +16,7 @@ as `Authorization: Bearer <token>`.
 import base64
 import binascii
 import json
+import math
 import re
 import uuid
 
@@ -201,6 +202,10 @@ class CompatView(APIView):
             return invalid("Request payload size exceeds the limit.").response()
         if isinstance(exc, exceptions.ParseError):
             return invalid(f"Invalid JSON payload received. {exc.detail}").response()
+        if isinstance(exc, exceptions.Throttled):  # Google's answer to a rate limit, with when to retry
+            wait = max(1, math.ceil(exc.wait or 60))
+            return RpcError(429, "RESOURCE_EXHAUSTED", "Quota exceeded: too many requests per minute.",
+                            retry_after=wait).response()  # fmt: skip
         if isinstance(exc, exceptions.APIException):
             return RpcError(exc.status_code, "FAILED_PRECONDITION", str(exc.detail)).response()
         raise exc
