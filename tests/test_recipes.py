@@ -652,6 +652,8 @@ def test_sft_starts_from_a_hugging_face_folder_in_the_shared_home(rita_api, trai
 
 def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(rita_api, train_cluster, client):
     """The module's last test: it deletes the module's cluster."""
+    import pwd
+
     from clusters.backends import get_backend
 
     local_only(train_cluster, "it looks for leftover processes on this machine (gce: tests/test_gce_boot.py)")
@@ -675,9 +677,14 @@ def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(ri
     wait_until(lambda: processes.job_processes(str(paths.conf)), timeout=60, message=f"job {job_id}'s processes to run")
     backend.hold(train_cluster, "tcc-hold-leftover", ["cpu-1"])
     assert "tcc-hold-leftover" in backend.slurm(train_cluster).reservations()
-    tensorboard = [pid for pid, argv in processes.command_lines() if "tensorboard" in " ".join(argv)
-                   and str(paths.root) in " ".join(argv)]  # fmt: skip
+    tensorboard = [
+        pid
+        for pid, argv in processes.command_lines()
+        if "tensorboard.main" in argv and str(paths.root) in " ".join(argv)
+    ]  # fmt: skip (TensorBoard, not the agent that starts it)
     assert tensorboard
+    # It parses event files users' jobs wrote: never as root.
+    assert {Path(f"/proc/{pid}").stat().st_uid for pid in tensorboard} == {pwd.getpwnam("nobody").pw_uid}
 
     response = rita_api.delete("/api/v1/projects/rlab/clusters/train/")
     assert response.status_code == 202, response.content

@@ -486,8 +486,18 @@ def op_slurm(home, body):
 PATH_PREFIX = re.compile(r"/clusters/[a-z0-9][a-z0-9-]{0,62}/[a-z0-9][a-z0-9-]{0,62}/tensorboard\Z")
 
 
+def unprivileged(home):
+    """Popen's arguments to run a reader of users' files as nobody, in the home's group (which lets it
+    read the project's runs and nothing else): TensorBoard parses event files users' jobs wrote, and a
+    parser bug must not be root's. Nothing to drop when this agent is not root."""
+    if os.geteuid() != 0:
+        return {}
+    gid = os.stat(home.root).st_gid
+    return {"user": pwd.getpwnam("nobody").pw_uid, "group": gid, "extra_groups": [gid]}
+
+
 class TensorBoard:
-    """At most one TensorBoard for the home's runs folder, started on demand."""
+    """At most one TensorBoard for the home's runs folder, started on demand, as nobody."""
 
     def __init__(self, python, host="127.0.0.1"):
         self.python, self.host, self.process, self.port, self.prefix = python, host, None, None, None
@@ -508,7 +518,8 @@ class TensorBoard:
                 [self.python, "-m", "tensorboard.main", "--logdir", logdir, "--host", self.host,
                  "--port", str(port), "--path_prefix", prefix, "--reload_interval", "5"],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HOME": "/nonexistent"},
+                **unprivileged(home),
             )  # fmt: skip
             log.close()
             self.port, self.prefix = port, prefix
