@@ -7,6 +7,7 @@ Persona: tomas, who writes recipes."""
 import json
 import math
 import resource
+import types
 from types import SimpleNamespace
 
 import pytest
@@ -141,7 +142,9 @@ def test_four_ranks_load_a_sharded_hf_folder_to_the_weights_one_process_reads(tm
     model.save_pretrained(hub, max_shard_size="40KB")  # several safetensors files and their index
     assert len(list(hub.glob("model-*.safetensors"))) > 2
     whole = run(tiny(tmp_path / "whole", family, init_from_hf=str(hub), parallel={"tensor": 1}), ranks=1)
-    sharded = run(tiny(tmp_path / "sharded", family, init_from_hf=str(hub), parallel={"build": "sharded"}), ranks=4)
+    # ... and its loss computed 16 positions at a time, as the full profiles do (loss_chunk)
+    sharded_chunked = {"build": "sharded", "loss_chunk": 16}
+    sharded = run(tiny(tmp_path / "sharded", family, init_from_hf=str(hub), parallel=sharded_chunked), ranks=4)
     assert abs(whole[0] - sharded[0]) < 1e-5, (whole, sharded)  # the same weights, the same first batch
     assert abs(whole[-1] - sharded[-1]) < 1e-3, (whole, sharded)
 
@@ -153,3 +156,42 @@ def test_a_sharded_build_from_a_seed_starts_where_a_model_initialised_whole_does
     # give or take, and both train.
     assert abs(sharded[0] - math.log(train.ByteTokenizer.vocab_size)) < 0.1
     assert abs(sharded[0] - whole[0]) < 0.05 and sharded[-1] < sharded[0] - 0.3
+
+
+REFERENCE_GPU = {"a3-ultra": "NVIDIA_H200_141GB", "a3-mega": "NVIDIA_H100_MEGA_80GB", "a4": "NVIDIA_B200"}
+
+
+@pytest.mark.parametrize("recipe_id", sorted(recipes()))
+def test_every_full_profile_fits_its_reference_machine_on_the_catalogs_layout(recipe_id):
+    recipe = get_recipe(recipe_id)
+    full = recipe["profiles"]["full"]
+    world = full["nodes"] * full["ranks_per_node"]
+    data = world // full["tensor"]
+    assert full["global_batch"] % (full["micro_batch"] * data) == 0  # whole micro-batches per rank
+    estimate = fit.estimate(
+        full, recipe["family"], tensor=full["tensor"], data=data, micro_batch=full["micro_batch"],
+        seq_len=full["seq_len"], accelerator_type=REFERENCE_GPU[recipe["hardware"]["architecture"]],
+    )  # fmt: skip
+    assert estimate.fits, estimate.sentence()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])  # gemma: the final softcap
+def test_the_chunked_loss_is_the_whole_logits_loss_with_the_same_gradients(tmp_path, family):
+    config = json.loads((tiny(tmp_path, family) / "config.json").read_text())
+    model = train.build_model(config)
+    x = torch.randint(0, 256, (2, 64))
+    y = torch.roll(x, -1, dims=1)
+    y[0, :10] = -100  # masked positions, as SFT's prompts are
+
+    logits = model(input_ids=x).logits
+    whole = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
+    whole.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+
+    model.forward = types.MethodType(train.chunked_loss(16), model)
+    loss = model(input_ids=x, labels=y)
+    loss.backward()
+    assert torch.allclose(loss, whole, rtol=1e-5), (loss, whole)
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-6), name

@@ -24,6 +24,9 @@ ARCHITECTURE = {
 }  # fmt: skip
 
 
+LOSS_CHUNK = 1024
+
+
 class CatalogError(ValueError):
     pass
 
@@ -61,6 +64,10 @@ def check(recipe, path):
         "micro_batch": recipe["batch"]["micro_batch"],
         "steps": 1000,
         "checkpoint_every": recipe["checkpoint_every"],
+        # The loss over 1,024 positions of the sequence at a time: a 256,000-word vocabulary's logits
+        # for 4 x 8,192 tokens would take 84 GB by themselves (recipes/node/train.py chunked_loss).
+        # TRL's trainers (RL) compute their own loss.
+        "loss_chunk": LOSS_CHUNK if recipe["kind"] != "rl" else None,
     }
     for name, profile in recipe["profiles"].items():
         tensor = profile.get("tensor", 1)

@@ -22,6 +22,7 @@ import random
 import shutil
 import sys
 import time
+import types
 from pathlib import Path
 
 from clusters.rendezvous import dist_env
@@ -192,6 +193,37 @@ def build_model(config, device=None):
         return family(model_config(config))
 
 
+def chunked_loss(chunk):
+    """A causal LM's forward that returns the summed cross-entropy of (input_ids, labels) and never
+    holds the whole logits: the decoder's hidden states go through the output layer `chunk` positions
+    at a time, each chunk's logits recomputed in the backward pass (activation checkpointing) instead of
+    kept. It replaces the model's own forward, so FSDP2's hooks on the model still gather the output
+    layer around it. Gemma 2's final softcap is applied as transformers applies it."""
+
+    def forward(self, input_ids, labels):
+        import torch
+        from torch.utils.checkpoint import checkpoint
+
+        hidden = self.model(input_ids=input_ids).last_hidden_state
+        cap = getattr(self.config, "final_logit_softcapping", None)
+
+        def piece(states, targets):
+            logits = self.lm_head(states).float()
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            return torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100, reduction="sum"
+            )
+
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, input_ids.size(1), chunk):
+            end = start + chunk
+            total = total + checkpoint(piece, hidden[:, start:end], labels[:, start:end], use_reentrant=False)
+        return total
+
+    return forward
+
+
 def batches(tokens, seq_len, global_batch, position, seed):
     """An endless, deterministic stream of (position, inputs, labels) global batches; `position` counts
     the global batches already taken, so the stream is the same whatever the world size."""
@@ -273,6 +305,9 @@ def train(config):
         activation_checkpointing=parallel.get("activation_checkpointing", True),
         strategy=strategy,
     )
+    loss_chunk = parallel.get("loss_chunk") if strategy != "ddp" else None
+    if loss_chunk:
+        model.forward = types.MethodType(chunked_loss(loss_chunk), model)
     if sharded:
         torch.manual_seed(config["seed"])
         distributed.materialise(
@@ -358,10 +393,13 @@ def train(config):
                 model.set_requires_gradient_sync(micro == accumulation - 1)
             x = mine_x[micro * micro_batch : (micro + 1) * micro_batch].to(device)
             y = mine_y[micro * micro_batch : (micro + 1) * micro_batch].to(device)
-            logits = model(input_ids=x).logits
-            part = torch.nn.functional.cross_entropy(
-                logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100, reduction="sum"
-            )
+            if loss_chunk:
+                part = model(input_ids=x, labels=y)  # chunked_loss: the summed loss, never the whole logits
+            else:
+                logits = model(input_ids=x).logits
+                part = torch.nn.functional.cross_entropy(
+                    logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100, reduction="sum"
+                )
             # FSDP averages gradients over the data-parallel ranks: x dp makes it the global sum / total.
             (part * (layout.dp / total)).backward()
             loss_sum += part.detach()

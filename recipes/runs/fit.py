@@ -11,7 +11,9 @@ layout recipes/distributed.py builds; pipeline stages fold into data parallelism
   one layer at a time recomputes its working set, b x s x h x (10 + 24 / tp) bytes (Korthikanti et al.,
   "Reducing Activation Recomputation in Large Transformer Models", 2022, table 2, without the s^2
   attention term that flash attention does not keep); without checkpointing every layer keeps it;
-- the logits: b x s x vocabulary x 10 bytes (bf16 logits, their fp32 copy for the loss, its gradient);
+- the logits: b x s x vocabulary x 10 bytes (bf16 logits, their fp32 copy for the loss, its gradient),
+  or b x loss_chunk x vocabulary x 10 when the profile computes the loss loss_chunk positions at a
+  time (the full profiles: recipes/node/train.py chunked_loss);
 - 2 GB for the CUDA context and communication buffers, and 10% for the allocator's fragmentation.
 
 The GPUs' memory and peak throughput come from recipes/catalog/hardware.json (with its sources).
@@ -110,7 +112,7 @@ def estimate(shape, family, *, tensor, data, micro_batch, seq_len, accelerator_t
         "model states": 16 * sharded,
         "gathered weights and gradients": 2 * 2 * (2 * p.per_layer / tensor + p.outer),
         "activations": p.layers * tokens * h * 2 + layer_working if checkpointing else p.layers * layer_working,
-        "logits": tokens * vocab * 10,
+        "logits": micro_batch * min(seq_len, shape.get("loss_chunk") or seq_len) * vocab * 10,
     }
     parts["context and fragmentation"] = CONTEXT_BYTES + FRAGMENTATION * sum(parts.values())
     found = gpu(accelerator_type)

@@ -306,6 +306,7 @@ def resolve_config(launch, work_dir, runtime):
             "tensor": launch["tensor"],
             "global_batch": launch["global_batch"],
             "activation_checkpointing": True,
+            "loss_chunk": profile.get("loss_chunk"),
         },
         "lr": profile.get("lr", 3e-4),
         "steps": launch["steps"],
