@@ -211,3 +211,14 @@ def test_it_answers_429_with_retry_after_once_alice_passes_her_reads_and_keeps_h
     assert (error["code"], error["status"]) == (429, "RESOURCE_EXHAUSTED")
     assert error["details"][0]["@type"] == "type.googleapis.com/google.rpc.RetryInfo"
     assert int(answer["Retry-After"]) >= 1
+
+
+def test_listing_clusters_reads_each_clusters_latest_operation_in_one_query(alice_api, django_assert_max_num_queries):
+    for n in range(12):
+        assert create(alice_api, f"c{n:02}").status_code == 202
+    provisioned(project__slug="alpha")
+    with django_assert_max_num_queries(10):  # it was 6 + one per cluster
+        listed = alice_api.get(CLUSTERS)
+    assert listed.status_code == 200
+    assert [c["latest_operation"]["kind"] for c in listed.json()] == ["CREATE"] * 12
+    assert all(c["latest_operation"]["cluster"] == c["id"] for c in listed.json())

@@ -258,7 +258,7 @@ class CompatClusters(CompatView):
         size = page_size(request)
         token = request.query_params.get("pageToken") or request.query_params.get("page_token")
         offset = decode_token(token) if token else 0
-        page = list(clusters.order_by("name")[offset : offset + size + 1])
+        page = list(clusters.select_related("project").order_by("name")[offset : offset + size + 1])
         body = {"clusters": [cluster_resource(c) for c in page[:size]]}
         if len(page) > size:
             body["nextPageToken"] = encode_token(offset + size)

@@ -84,7 +84,11 @@ class ClusterSerializer(serializers.ModelSerializer):
         ]
 
     def get_latest_operation(self, cluster) -> dict | None:
-        operation = cluster.latest_operation()
+        # A list reads them all at once (services.with_latest_operations); one cluster asks for its own.
+        if hasattr(cluster, "known_latest_operation"):
+            operation = cluster.known_latest_operation
+        else:
+            operation = cluster.latest_operation()
         return OperationSerializer(operation).data if operation else None
 
 

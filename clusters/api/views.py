@@ -81,7 +81,7 @@ class ClusterList(APIView):
     @extend_schema(responses=ClusterSerializer(many=True))
     def get(self, request, project):
         clusters = access.clusters(request.user).filter(project=access.project(request.user, project))
-        return Response(ClusterSerializer(clusters.prefetch_related("node_pools"), many=True).data)
+        return Response(ClusterSerializer(services.with_latest_operations(clusters), many=True).data)
 
     @extend_schema(
         request=ClusterCreateSerializer,

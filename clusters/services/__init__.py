@@ -22,7 +22,7 @@ from .files import (
     upload_folder,
     write_file,
 )
-from .live import job_filters, jobs_of, node_state_counts, nodes_of, sync_state
+from .live import job_filters, jobs_of, node_state_counts, nodes_of, sync_state, with_latest_operations
 from .reach import (
     backend_choices,
     backend_label,
@@ -99,5 +99,6 @@ __all__ = [
     "update_cluster",
     "upload_folder",
     "validate_request",
+    "with_latest_operations",
     "write_file",
 ]
