@@ -2,12 +2,15 @@
 
 import hashlib
 import secrets
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
 TOKEN_PREFIX = "tcc_"
+
+LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
 def digest(raw):
@@ -57,7 +60,10 @@ class APIToken(models.Model):
         token = cls.objects.select_related("user", "project").filter(digest=digest(raw)).first()
         if token is None or not token.user.is_active or token.expired:
             return None
-        cls.objects.filter(pk=token.pk).update(last_used=timezone.now())
+        # "Last used" to the minute: a write per request would be most of an API read's cost.
+        now = timezone.now()
+        if token.last_used is None or now - token.last_used >= LAST_USED_RESOLUTION:
+            cls.objects.filter(pk=token.pk).update(last_used=now)
         return token
 
 

@@ -222,3 +222,23 @@ def test_listing_clusters_reads_each_clusters_latest_operation_in_one_query(alic
     assert listed.status_code == 200
     assert [c["latest_operation"]["kind"] for c in listed.json()] == ["CREATE"] * 12
     assert all(c["latest_operation"]["cluster"] == c["id"] for c in listed.json())
+
+
+def test_a_token_records_its_last_use_to_the_minute_not_on_every_request(alice, alpha):
+    from datetime import timedelta
+
+    from rest_framework.test import APIClient
+
+    from console.models import APIToken
+
+    token, raw = APIToken.issue(alice, "script")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    assert client.get(CLUSTERS).status_code == 200
+    first = APIToken.objects.get(pk=token.pk).last_used
+    assert first is not None
+    assert client.get(CLUSTERS).status_code == 200
+    assert APIToken.objects.get(pk=token.pk).last_used == first  # no write for a second use that minute
+    APIToken.objects.filter(pk=token.pk).update(last_used=first - timedelta(minutes=2))
+    assert client.get(CLUSTERS).status_code == 200
+    assert APIToken.objects.get(pk=token.pk).last_used > first
