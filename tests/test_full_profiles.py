@@ -30,15 +30,16 @@ PUBLISHED = {
 }
 
 
-def full_config(recipe_id, tmp_path):
-    """train.py's config for the recipe's full profile, as a launch resolves it."""
+def full_config(recipe_id, tmp_path, profile_name="full"):
+    """train.py's config for the recipe's full (or other) profile, as a launch resolves it."""
     recipe = get_recipe(recipe_id)
-    profile = recipe["profiles"]["full"]
-    ranks = profile["nodes"] * profile["ranks_per_node"]
+    profile = recipe["profiles"][profile_name]
+    ranks = profile["nodes"] * profile.get("ranks_per_node", 1)
     plan = {
-        "recipe": recipe, "profile": profile, "profile_name": "full", "tensor": profile["tensor"],
-        "global_batch": profile["global_batch"], "steps": 10, "accelerator": None, "estimate": None,
-        "dataset": None, "register_as": None, "init_from": None, "cluster": None, "ranks": ranks,
+        "recipe": recipe, "profile": profile, "profile_name": profile_name, "tensor": profile.get("tensor", 1),
+        "global_batch": profile.get("global_batch") or profile["micro_batch"] * ranks, "steps": 10,
+        "accelerator": None, "estimate": None, "dataset": None, "register_as": None, "init_from": None,
+        "cluster": None, "ranks": ranks,
     }  # fmt: skip
     return launch.resolve_config(plan, tmp_path, SimpleNamespace(folder=str(tmp_path)))
 
@@ -195,3 +196,16 @@ def test_the_chunked_loss_is_the_whole_logits_loss_with_the_same_gradients(tmp_p
     assert torch.allclose(loss, whole, rtol=1e-5), (loss, whole)
     for name, p in model.named_parameters():
         assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.parametrize("profile", ["tiny", "full"])
+@pytest.mark.parametrize("recipe_id", sorted(r for r, recipe in recipes().items() if recipe["kind"] == "rl"))
+def test_every_rl_profile_passes_its_trainers_own_checks(recipe_id, profile, tmp_path):
+    """TRL checks its arguments when they are made (GRPO: the generation batch must be a multiple of the
+    generations per prompt); the full GRPO profile, one micro-batch on one process, failed that."""
+    config = full_config(recipe_id, tmp_path, profile)
+    args = train.trl_arguments(config, tmp_path)  # raises ValueError on what TRL refuses
+    if config.get("algorithm") == "grpo":
+        assert args.generation_batch_size % args.num_generations == 0
+    if profile == "full":  # the catalog's global batch, reached on one process
+        assert args.per_device_train_batch_size * args.gradient_accumulation_steps == config["parallel"]["global_batch"]

@@ -526,12 +526,51 @@ def word_reward(completions, answers, **kwargs):
 REWARDS = {"word_prefix": word_reward}
 
 
+def trl_arguments(config, out):
+    """TRL's arguments for the recipe's RL algorithm: DPOConfig, or GRPOConfig with the recipe's number of
+    generations per prompt. On the full profiles the global batch is reached by accumulating
+    micro-batches on the one process RL runs on, which also makes GRPO's generation batch (micro-batch
+    x accumulation) a multiple of its generations, as TRL's own check requires; the tiny profiles take
+    one micro-batch a step."""
+    import torch
+
+    parallel = config.get("parallel") or {}
+    accumulation = 1
+    if config.get("profile") == "full":
+        accumulation = max(1, (parallel.get("global_batch") or config["micro_batch"]) // config["micro_batch"])
+    common = {
+        "output_dir": str(out / "trl"),
+        "per_device_train_batch_size": config["micro_batch"],
+        "gradient_accumulation_steps": accumulation,
+        "max_steps": config["steps"],
+        "learning_rate": config["lr"],
+        "use_cpu": not torch.cuda.is_available(),
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "seed": config["seed"],
+        "disable_tqdm": True,
+    }
+    if config.get("algorithm", "dpo") == "grpo":
+        from trl import GRPOConfig
+
+        return GRPOConfig(
+            **common,
+            num_generations=config.get("generations", 4),
+            max_completion_length=config.get("completion_length", 12),
+            temperature=1.0,
+            beta=0.0,
+        )
+    from trl import DPOConfig
+
+    return DPOConfig(**common, beta=0.1, max_length=config["seq_len"])
+
+
 def train_rl(config):
     """RL from a checkpoint with TRL on the shipped data, in one process: DPO on preference pairs, or
     GRPO (online: the policy samples, the recipe's reward function scores) on prompts."""
     import copy
 
-    import torch
     from datasets import Dataset
     from torch.utils.tensorboard import SummaryWriter
     from transformers import TrainerCallback
@@ -577,28 +616,10 @@ def train_rl(config):
                 extra = {k: record[k] for k in ("reward_margin", "reward") if k in record}
                 print(f"[train] step {record['step']} loss {record['loss']:.4f} {extra}", flush=True)
 
-    common = {
-        "output_dir": str(out / "trl"),
-        "per_device_train_batch_size": config["micro_batch"],
-        "max_steps": config["steps"],
-        "learning_rate": config["lr"],
-        "use_cpu": not torch.cuda.is_available(),
-        "report_to": "none",
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "seed": config["seed"],
-        "disable_tqdm": True,
-    }
+    args = trl_arguments(config, out)
     if algorithm == "grpo":
-        from trl import GRPOConfig, GRPOTrainer
+        from trl import GRPOTrainer
 
-        args = GRPOConfig(
-            **common,
-            num_generations=config.get("generations", 4),
-            max_completion_length=config.get("completion_length", 12),
-            temperature=1.0,
-            beta=0.0,
-        )
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[REWARDS[config["reward"]]],
@@ -608,9 +629,8 @@ def train_rl(config):
             callbacks=[Metrics()],
         )
     else:
-        from trl import DPOConfig, DPOTrainer
+        from trl import DPOTrainer
 
-        args = DPOConfig(**common, beta=0.1, max_length=config["seq_len"])
         trainer = DPOTrainer(
             model=model,
             ref_model=copy.deepcopy(model),  # an in-memory model needs its reference passed (see shared reference)
