@@ -64,12 +64,12 @@ def test_a_healthy_cluster_passes_and_skips_gpu_checks_without_gpus(hana_api, cl
         assert link.values["backend"] == "gloo" and link.values["nodes"] == 2
         assert link.values["busbw_gbps"] > 0
         assert set(link.values["pairs"]) == {"cpu-0", "cpu-1"} - {node}
-        for gpu_check in ("gpu_inventory", "ecc", "dcgm"):
+        for gpu_check in ("gpu_inventory", "ecc", "dcgm", "xid"):
             assert results[(node, gpu_check)].status == "skipped"
             assert "no GPU" in results[(node, gpu_check)].reason
     assert cluster.events.filter(message__startswith="Health scan done: ").exists()
     listed = hana_api.get(SCANS).json()[0]
-    assert len(listed["results"]) == 14  # 7 checks x 2 nodes
+    assert len(listed["results"]) == 16  # 8 checks x 2 nodes
 
 
 def test_a_perturbed_node_fails_correctness_alone(hana_api):
@@ -196,6 +196,32 @@ def test_a_job_hit_by_a_node_failure_is_repaired_requeued_and_ends_with_the_same
     assert any(m.startswith("Detected unresponsive on cpu-1") for m in messages)
     assert "Repaired cpu-1 (unresponsive) by reboot" in messages
     assert cluster.nodes.get(name="cpu-1").repairs == {"unresponsive": 1}
+
+
+def test_a_node_whose_dcgmi_reports_a_failed_gpu_is_drained_and_rebooted(hana_api, cluster, settings):
+    # dcgmi exits 226 with a failing JSON report (the simulated tool); before, any non-zero exit read
+    # as "dcgmi not found" and the node was never repaired.
+    settings.AUTO_REPAIR = True
+    first, node = [n.name for n in cluster.compute_nodes().order_by("name")]
+    inject(cluster, node, "gpu_dcgm")
+    results = scan(hana_api, ["dcgm"])
+    assert results[(node, "dcgm")].status == "fail"
+    assert results[(node, "dcgm")].reason == "memory on GPU 3 (GPU 3 had memory errors and row remappings are pending)"
+    assert results[(first, "dcgm")].status == "skipped"  # no GPU tools on the healthy node
+    operation = Operation.objects.filter(kind="REPAIR").latest("created")
+    assert (operation.params["node"], operation.params["action"]) == (node, "reboot")  # a GPU reset first
+    inject(cluster, node, "clear")  # what the reset does to a pending row remap
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    assert [e["message"].split(":")[0] for e in operation.log][:2] == [f"Drain {node}", f"Reboot {node}"]
+    messages = list(cluster.events.values_list("message", flat=True))
+    assert (
+        f"Detected dcgm on {node}: failed dcgm (memory on GPU 3 (GPU 3 had memory errors and row remappings "
+        "are pending))" in messages
+    )
+    assert f"Repaired {node} (dcgm) by reboot: dcgm passes on all 2 scanned nodes" in messages
+    assert cluster.nodes.get(name=node).repairs == {"dcgm": 1}
 
 
 def test_a_node_with_wrong_results_is_replaced_and_the_cluster_keeps_its_size(hana_api, cluster, settings):

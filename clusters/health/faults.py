@@ -1,6 +1,8 @@
 """Fault injection: rehearse scans and repairs on a cluster.
 
-Faults other than kill_node are a small JSON file per node in the shared home (`.tcc/faults/<node>.json`,
+GPU faults run simulated GPU tools on the node (clusters/health/simulated/) that print what the real
+ones print on a faulty GPU, so the checks read them as they read real outputs. Faults other than
+kill_node are a small JSON file per node in the shared home (`.tcc/faults/<node>.json`,
 written through the cluster agent), which the health agent reads on that node; kill_node makes the
 node die at once (local: its slurmd and job steps are killed; gce: its instance is stopped). Only a
 backend that says it can (`injects_faults`) takes them.
@@ -21,6 +23,9 @@ KINDS = {
         "(default 5: a quarter second, about 0.03 GB/s for the check's 4 MB: under the gloo floor)"
     ),
     "disk_full": "the disk check sees no free space",
+    "gpu_dcgm": "dcgmi diag reports GPU 3's memory test failed (a row remap pending) and exits 226",
+    "gpu_ecc": "nvidia-smi reports 2 uncorrectable ECC errors and a pending row remap on GPU 3",
+    "gpu_xid": "the kernel log has an Xid 79 (a GPU fell off the bus)",
     "kill_node": "the node dies at once: its slurmd and job steps are gone (Slurm marks it down)",
     "clear": "remove every fault of the node",
 }
@@ -53,6 +58,8 @@ def inject(cluster, node, kind, value=5):
         faults = json.loads(services.read_file(cluster, path)) if services.file_exists(cluster, path) else {}
         if kind == "clear":
             faults = {}
+        elif kind.startswith("gpu_"):
+            faults["gpu"] = kind.removeprefix("gpu_")  # the simulated tools of clusters/health/simulated/
         else:
             faults[kind] = value if kind in VALUED else True
         services.write_file(cluster, path, json.dumps(faults))

@@ -79,7 +79,10 @@ def after_health(cluster, operation=None):
         if not settings.AUTO_REPAIR:
             return None
         name = max(failing, key=lambda n: policy()[worst(failing[n])]["priority"])
-        return start_repair(cluster, name, worst(failing[name]), f"failed {', '.join(failing[name])}", verify=True)
+        failure = worst(failing[name])
+        why = scans.latest_per_check(cluster)[name][failure].reason  # the check's own words, e.g. the GPU
+        detail = f"failed {', '.join(failing[name])}" + (f" ({why})" if why else "")
+        return start_repair(cluster, name, failure, detail, verify=True)
     if cluster.set_status(ClusterStatus.READY, expected=[ClusterStatus.VERIFYING]):
         record_event(cluster, "Cluster ready: every node passes its health checks again", operation=operation)
     return None
