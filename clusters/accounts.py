@@ -2,7 +2,7 @@
 
 Users' jobs never run as root: `:callSlurmRestApi` calls reach slurmrestd with a JWT minted for the
 caller's account, so Slurm runs what they submit as that account. Each project has a group; its
-members' accounts are in it, and a cluster's shared home belongs to it (mode 2770), so one
+members' accounts are in it, and a cluster's shared home belongs to it (mode 3770), so one
 project's files are unreadable to another's accounts. The console's own operations (provisioning,
 health scans, repairs) keep the service account.
 """

@@ -90,6 +90,16 @@ def charlies_project(charlie):
     return project
 
 
+def submit_through_slurmrestd(api, url, script, **job):
+    """Submit `script` as the api's user through the service's :callSlurmRestApi at `url` (partition
+    cpu, 5 minutes and a plain PATH unless `job` says otherwise); Slurm's answer."""
+    job = {"partition": "cpu", "time_limit": 5, "environment": {"PATH": "/usr/bin:/bin"}, **job}
+    submit = {"method": "HTTP_METHOD_POST", "path": "/slurm/v0.0.38/job/submit", "body": {"script": script, "job": job}}
+    response = api.post(url, submit, format="json")
+    assert response.json()["status_code"] == 200, response.content
+    return response.json()["body"]
+
+
 def provisioned(**cluster_filters):
     """Clusters as if their create had finished (without a worker): READY, their operations done."""
     from clusters.choices import OperationStatus
@@ -334,10 +344,11 @@ BACKENDS = ["local", "gce"]  # what a module's shared cluster is parametrised ov
 
 @contextmanager
 def module_cluster(
-    django_db_blocker, *, username, project_slug, cluster_name="train", cpu=2, request=None, backend=None
+    django_db_blocker, *, username, project_slug, cluster_name="train", cpu=2, request=None, backend=None, epilog=()
 ):
     """A READY cluster shared by a test module, committed outside the tests' transactions: local, or,
-    when the module's fixture is parametrised with "gce" (`request.param`), on booted fake VMs."""
+    when the module's fixture is parametrised with "gce" (`request.param`), on booted fake VMs; `epilog`
+    scripts go into its spec's epilog_bash_scripts."""
     from django.contrib.auth import get_user_model
 
     from clusters import services
@@ -352,6 +363,7 @@ def module_cluster(
     try:  # a cluster that fails to come up is stopped too, so the next module starts clean
         with django_db_blocker.unblock():
             spec = gce_spec(cpu=cpu) if backend == "gce" else example_spec(cpu=cpu)
+            spec["orchestrator_spec"]["slurm_spec"]["epilog_bash_scripts"] = list(epilog)
             operation = services.create_cluster(project=project, name=cluster_name, spec=spec, user=owner)
             engine.run(operation.pk)
             cluster = Cluster.objects.get(pk=operation.cluster_id)

@@ -249,7 +249,7 @@ def test_mallory_makes_no_account_outside_the_consoles_prefix_and_the_console_ma
         client.account("tcc-agent-test-1", "tcc-p-agent-test-1")  # again: nothing to do
         group = grp.getgrnam("tcc-p-agent-test-1")
         assert pwd.getpwnam("tcc-agent-test-1").pw_gid == group.gr_gid
-        assert (home.stat().st_gid, oct(home.stat().st_mode & 0o7777)) == (group.gr_gid, "0o2770")
+        assert (home.stat().st_gid, oct(home.stat().st_mode & 0o7777)) == (group.gr_gid, "0o3770")
         client.write("runs/9/x.txt", b"x")
         client.own("runs/9", "tcc-agent-test-1", "tcc-p-agent-test-1")
         assert client.stat("runs/9/x.txt")["owner"] == "tcc-agent-test-1"

@@ -17,7 +17,7 @@ from clusters.operations import engine
 from recipes.catalog import recipes
 from recipes.models import ModelVersion, Run, RunStatus
 
-from .conftest import BACKENDS, api_client_for, module_cluster, synced, wait_until
+from .conftest import BACKENDS, api_client_for, module_cluster, submit_through_slurmrestd, synced, wait_until
 
 pytestmark = pytest.mark.django_db
 RUNS = "/api/v1/projects/rlab/clusters/train/runs/"
@@ -315,17 +315,8 @@ def cluster_home(cluster):
 def run_in_home(api, home, name, script):
     """`script` as a job of the api's user through :callSlurmRestApi, in a folder `name` it makes in
     `home`; waits for the script's last line (it touches done.txt) and returns that folder."""
-    submit = {
-        "method": "HTTP_METHOD_POST",
-        "path": "/slurm/v0.0.38/job/submit",
-        "body": {
-            "script": f"#!/bin/bash\nmkdir {name} && cd {name} || exit 1\n" + script + "touch done.txt\n",
-            "job": {"name": name, "partition": "cpu", "nodes": 1, "tasks": 1, "time_limit": 5,
-                    "current_working_directory": str(home), "environment": {"PATH": "/usr/bin:/bin"}},
-        },
-    }  # fmt: skip
-    response = api.post(SLURM_REST, submit, format="json")
-    assert response.json()["status_code"] == 200, response.content
+    script = f"#!/bin/bash\nmkdir {name} && cd {name} || exit 1\n" + script + "touch done.txt\n"
+    submit_through_slurmrestd(api, SLURM_REST, script, name=name, nodes=1, tasks=1, current_working_directory=str(home))
     wait_until(lambda: (home / name / "done.txt").exists(), timeout=60, message=f"the {name} job")
     return home / name
 
@@ -467,18 +458,10 @@ def test_a_job_sent_through_slurmrestd_runs_as_the_callers_account_and_other_pro
     rita = train_cluster.project.members.get()
     mine = account_for(rita, train_cluster.project)
     home = get_backend("local").paths(train_cluster).jobs
-    submit = {
-        "method": "HTTP_METHOD_POST",
-        "path": "/slurm/v0.0.38/job/submit",
-        "body": {
-            "script": "#!/bin/bash\nid -un > whoami.txt\nid -u >> whoami.txt\n",
-            "job": {"name": "whoami", "partition": "cpu", "nodes": 1, "tasks": 1, "time_limit": 5,
-                    "current_working_directory": str(home), "environment": {"PATH": "/usr/bin:/bin"}},
-        },
-    }  # fmt: skip
-    response = rita_api.post(SLURM_REST, submit, format="json")
-    assert response.json()["status_code"] == 200, response.content
-    job_id = response.json()["body"]["job_id"]
+    script = "#!/bin/bash\nid -un > whoami.txt\nid -u >> whoami.txt\n"
+    job_id = submit_through_slurmrestd(
+        rita_api, SLURM_REST, script, name="whoami", nodes=1, tasks=1, current_working_directory=str(home)
+    )["job_id"]
     job = lambda: rita_api.post(  # noqa: E731
         SLURM_REST, {"method": "HTTP_METHOD_GET", "path": f"/slurm/v0.0.38/job/{job_id}"}, format="json"
     ).json()["body"]["jobs"][0]
@@ -486,7 +469,7 @@ def test_a_job_sent_through_slurmrestd_runs_as_the_callers_account_and_other_pro
     assert job()["user_name"] == mine.name
     name, uid = (home / "whoami.txt").read_text().split()
     assert name == mine.name and uid != "0"
-    assert home.stat().st_mode & 0o7777 == 0o2770
+    assert home.stat().st_mode & 0o7777 == 0o3770
     # An account of another project cannot read this project's cluster home.
     outsider = django_user_model.objects.create_user("olaf", "olaf@example.com", "olaf-password")
     elsewhere = Project.objects.create(slug="olab", name="olab")
@@ -520,6 +503,22 @@ def test_ritas_job_cannot_read_the_consoles_database_keys_or_registry_on_its_hos
     assert (home / "codes.txt").read_text().split() == ["1", "1", "2", "2", "2"]  # every cat and ls failed
     assert (home / "peek.txt").read_text().count("Permission denied") == len(tries)
     assert Path(settings.VAR_DIR).stat().st_mode & 0o777 == 0o700
+
+
+def test_ritas_job_cannot_move_the_consoles_folder_aside_to_plant_code_root_runs(rita_api, train_cluster):
+    """Root runs the console's code from .tcc/ in the shared home on every node (health scans, the
+    epilog's GPU check). rita's job renames .tcc/ to make her own in its place: the home's sticky bit
+    refuses (before it was 2770 without it, the rename worked and the next scan ran her code as root)."""
+    from clusters.backends import get_backend
+
+    local_only(train_cluster, "it reads the local cluster's home")
+    shared = get_backend("local").paths(train_cluster).jobs
+    assert (shared / ".tcc").is_dir() and (shared / ".tcc").stat().st_uid == 0
+    script = "mv ../.tcc ../.tcc-moved 2>move.txt; echo $? >codes.txt\n"
+    home = run_in_home(rita_api, shared, "mover", script)
+    assert (home / "codes.txt").read_text().split() == ["1"]
+    assert "Operation not permitted" in (home / "move.txt").read_text()
+    assert (shared / ".tcc").is_dir() and not (shared / ".tcc-moved").exists()
 
 
 def test_ritas_job_cannot_queue_a_celery_task_on_the_consoles_redis(rita_api, train_cluster, redis_broker):

@@ -357,8 +357,9 @@ def run_checked(*command):
 
 def op_account(home, body):
     """The user's account (no login shell, no home of its own) in its project's group, which owns the
-    shared home (2770), as on a local cluster (clusters/backends/local/accounts.py). Only names with the
-    console's prefix: the agent never touches the machine's own accounts."""
+    shared home (3770: setgid, and sticky so members cannot rename the console's folders), as on a
+    local cluster (clusters/backends/local/accounts.py). Only names with the console's prefix: the
+    agent never touches the machine's own accounts."""
     user, group = body.get("user"), body.get("group")
     for what, name in (("user", user), ("group", group)):
         prefix = ACCOUNTS["prefix"]
@@ -383,7 +384,9 @@ def op_account(home, body):
     refresh_allowed(group, joined)
     if os.stat(home.root).st_gid != team.gr_gid:
         os.chown(home.root, 0, team.gr_gid)
-    os.chmod(home.root, 0o2770)  # the project's members write here; nobody else reads
+    # The project's members write here; nobody else reads. Sticky: a member may not rename or delete what
+    # is not theirs, so the console's root-owned .tcc/ (code that root runs on every node) stays its own.
+    os.chmod(home.root, 0o3770)
     return {"user": user, "group": group}
 
 
