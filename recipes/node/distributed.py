@@ -181,19 +181,13 @@ def initialise(model):
 def load_hf(model, folder):
     """A Hugging Face folder's safetensors into a sharded model: each rank reads the slices it holds."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
     state = get_model_state_dict(model)
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # tied: the folder holds the embedding once
     dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(path=str(folder)))
-    set_model_state_dict(model, state, options=_non_strict())
-
-
-def _non_strict():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(strict=False)
+    set_model_state_dict(model, state, options=StateDictOptions(strict=False))
 
 
 def clip_grad_norm(parameters, max_norm):

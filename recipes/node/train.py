@@ -25,7 +25,7 @@ import time
 import types
 from pathlib import Path
 
-from clusters.rendezvous import dist_env
+from clusters.rendezvous import dist_env, leave
 from recipes.node import distributed
 
 # torch and the libraries on top of it are imported inside the functions that use them (start-up cost:
@@ -260,10 +260,10 @@ def sft_batches(examples, tokenizer, seq_len, global_batch, position):
         yield position, torch.stack(xs), torch.stack(ys)
 
 
-def flops_per_token(model_config, seq_len, parameters):
+def flops_per_token(architecture, seq_len, parameters):
     """Training FLOPs per token: 6 x the parameters a token passes through, plus attention's
     12 x layers x hidden x sequence (PaLM, Chowdhery et al. 2022, appendix B)."""
-    return 6 * parameters + 12 * model_config.num_hidden_layers * model_config.hidden_size * seq_len
+    return 6 * parameters + 12 * architecture.num_hidden_layers * architecture.hidden_size * seq_len
 
 
 def train(config):
@@ -297,7 +297,7 @@ def train(config):
     sharded = build == "sharded" and strategy != "ddp"
     model = build_model(config, device="meta") if sharded else build_model(config).to(device)
     parameters = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
-    model_config = model.config
+    architecture = model.config  # kept: the wrapped model below no longer has .config
     model = distributed.parallelize(
         model,
         layout,
@@ -423,7 +423,7 @@ def train(config):
             }
             if peak_tflops:
                 record["mfu"] = round(
-                    tokens_per_s * flops_per_token(model_config, seq_len, parameters) / (peak_tflops * 1e12 * world), 4
+                    tokens_per_s * flops_per_token(architecture, seq_len, parameters) / (peak_tflops * 1e12 * world), 4
                 )
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
@@ -692,18 +692,6 @@ def main(argv=None):
         return
     if train(config) > 1:
         leave()
-
-
-def leave():
-    """End a rank of a multi-rank run without the interpreter's teardown. After destroy_process_group,
-    tearing down torch's distributed state (gloo's threads) still aborted a rank now and then
-    ("terminate called without an active exception", SIGABRT, no Python frame): 3 runs in 20 of the 2 x 2
-    mesh as srun starts it (benchmarks/training_exits.py), each failing its Slurm job after every step
-    had trained and the model was written. Everything the run writes is closed by now; flush the
-    streams and exit with 0."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":
