@@ -246,6 +246,7 @@ def metadata(fake, instance):
 def test_the_controller_gets_slurm_conf_and_a_resize_updates_it(fake, alpha, alice):
     spec = gce_spec(nodes=2)
     spec["orchestrator_spec"]["slurm_spec"]["scheduling"] = {"priority_type": "priority/multifactor"}
+    spec["orchestrator_spec"]["slurm_spec"]["epilog_bash_scripts"] = ["tcc_gpu_check"]
     operation = create(alpha, alice, spec)
     engine.run(operation.pk)
     prefix = names("alpha", "ultra").prefix
@@ -257,6 +258,12 @@ def test_the_controller_gets_slurm_conf_and_a_resize_updates_it(fake, alpha, ali
     assert "PartitionName=a3ultra Nodes=a3ultra-0,a3ultra-1 Default=YES" in conf
     assert metadata(fake, "login-0")["slurm-conf"] == conf
     assert "--conf-server" in metadata(fake, "ctl")["startup-script"]
+    assert "Epilog=/etc/slurm/epilog.sh" in conf and "Prolog=" not in conf
+    # Configless compute nodes are not sent the epilog with slurm.conf: each gets it in its metadata.
+    epilog = metadata(fake, "a3ultra-0")["slurm-epilog"]
+    assert epilog == metadata(fake, "ctl")["slurm-epilog"] and epilog.endswith("tcc_gpu_check\n")
+    assert "SLURM_CONF=/var/spool/slurmd/conf-cache/slurm.conf" in epilog
+    assert metadata(fake, "a3ultra-0")["slurm-prolog"] == ""
     spec["node_pools"][1]["scaling_spec"] = {"min_node_count": 3, "max_node_count": 3}
     engine.run(services.update_cluster(cluster=Cluster.objects.get(), spec=spec).pk)
     assert "NodeName=a3ultra-2" in metadata(fake, "ctl")["slurm-conf"]

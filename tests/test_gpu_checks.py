@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from clusters.health import FAIL, PASS, SKIPPED, WARN, thresholds
-from clusters.health.checks import dcgm, ecc, gpu, gpu_inventory, xid
+from clusters.health.checks import correctness, dcgm, ecc, gpu, gpu_inventory, nvlink, on_gpu, speed, xid
 from clusters.health.simulated import HERE as SIMULATED
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "gpu"
@@ -152,3 +152,48 @@ def test_every_simulated_output_exists():
         for answers in tools.values():
             for _, name, _ in answers:
                 assert (SIMULATED / name).is_file(), name
+
+
+# The GPU paths of correctness and speed take device names: here three "GPUs" that are the CPU.
+DEVICES = ["cpu:0", "cpu:1", "cpu:2"]
+H100 = {"name": "H100 80GB", "bf16_tflops": 989, "host_to_device_gbps": 64}
+
+
+def test_every_gpu_computes_the_same_chains_and_a_corrupt_one_is_named():
+    limits = {**thresholds()["correctness"], "gpu_size": 256}
+    healthy = correctness.on_gpus(DEVICES, limits)
+    assert healthy.status == PASS
+    assert set(healthy.values["gpus"].values()) == {healthy.values["checksum"]}
+    corrupt = correctness.on_gpus(DEVICES, limits, perturb=True)
+    assert (corrupt.status, corrupt.reason) == (FAIL, "cpu:2 differs from the other 2 GPUs")
+    assert corrupt.values["checksum"] == healthy.values["checksum"]  # the node still reports the majority's
+    split = correctness.on_gpus(DEVICES[:2], limits, perturb=True)
+    assert (split.status, split.values["checksum"]) == (FAIL, "")
+
+
+def test_a_gpu_under_half_its_peak_or_its_host_link_fails_and_names_the_gpu():
+    limits = {**thresholds()["speed"], "gpu_size": 128, "gpu_seconds": 0.15}
+    # The CPU reaches a tiny fraction of an H100's 989 TFLOPS: every "GPU" is under the floor.
+    result = speed.on_gpus(DEVICES[:2], limits, H100)
+    assert result.status == FAIL
+    assert "cpu:0 reaches 0 bf16 TFLOPS, under 50% of the H100 80GB's 989" in result.reason
+    assert result.values["gflops"] == pytest.approx(min(result.values["tflops"].values()) * 1000, abs=5)  # 0.01 TFLOPS
+    assert set(result.values["host_to_device_gbps"]) == set(DEVICES[:2])
+    # Without the accelerator's figures only the node's own GPUs are compared: a throttled one fails.
+    throttled = speed.on_gpus(DEVICES, {**limits, "gpu_seconds": 0.3}, None, slow=5)
+    assert throttled.status == FAIL
+    assert re.search(r"cpu:2 reaches \d+ TFLOPS, \d+% of the node's median GPU", throttled.reason)
+
+
+def test_the_node_all_reduce_measures_every_local_rank_and_a_slow_fabric_fails():
+    # Two ranks over gloo on the CPU stand in for the node's GPUs over NCCL: the same processes,
+    # rendezvous and measurement.
+    busbw = on_gpu.local_all_reduce_busbw(2, backend="gloo", megabytes=4, iterations=3)
+    assert busbw > 0
+    limits = thresholds()["nvlink"]
+    healthy = nvlink.judge(400.0, 8, limits, H100 | {"nvlink_gbps": 450})
+    assert (healthy.status, healthy.threshold["min_busbw_gbps"]) == (PASS, 112.5)
+    over_pcie = nvlink.judge(48.0, 8, limits, H100 | {"nvlink_gbps": 450})
+    assert over_pcie.status == FAIL
+    assert over_pcie.reason == "all-reduce over 8 GPUs at 48 GB/s, under 112 (GPUs over PCIe, or a link down?)"
+    assert nvlink.nvlink({"gpus_per_node": 8}).status == SKIPPED  # torch sees no GPU here

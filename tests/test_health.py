@@ -14,15 +14,20 @@ from clusters.health.faults import inject
 from clusters.models import HealthResult, Operation
 from clusters.operations import engine
 
-from .conftest import BACKENDS, api_client_for, module_cluster, wait_until
+from .conftest import BACKENDS, api_client_for, module_cluster, submit_through_slurmrestd, wait_until
 
 pytestmark = pytest.mark.django_db
 SCANS = "/api/v1/projects/hlab/clusters/train/scans/"
+SLURM_REST = "/v1beta1/projects/hlab/locations/us-central1/modelDevelopmentClusters/train:callSlurmRestApi"
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def cluster(request, django_db_setup, django_db_blocker, slurm):
-    with module_cluster(django_db_blocker, username="hana", project_slug="hlab", request=request) as found:
+    # The reference architectures' epilog: the console's fast GPU checks after every job.
+    epilog = ["# GPU health test after every job\ntcc_gpu_check"]
+    with module_cluster(
+        django_db_blocker, username="hana", project_slug="hlab", request=request, epilog=epilog
+    ) as found:
         yield found
 
 
@@ -67,9 +72,10 @@ def test_a_healthy_cluster_passes_and_skips_gpu_checks_without_gpus(hana_api, cl
         for gpu_check in ("gpu_inventory", "ecc", "dcgm", "xid"):
             assert results[(node, gpu_check)].status == "skipped"
             assert "no GPU" in results[(node, gpu_check)].reason
+        assert results[(node, "nvlink")].status == "skipped"
     assert cluster.events.filter(message__startswith="Health scan done: ").exists()
     listed = hana_api.get(SCANS).json()[0]
-    assert len(listed["results"]) == 16  # 8 checks x 2 nodes
+    assert len(listed["results"]) == 18  # 9 checks x 2 nodes
 
 
 def test_a_perturbed_node_fails_correctness_alone(hana_api):
@@ -222,6 +228,27 @@ def test_a_node_whose_dcgmi_reports_a_failed_gpu_is_drained_and_rebooted(hana_ap
     )
     assert f"Repaired {node} (dcgm) by reboot: dcgm passes on all 2 scanned nodes" in messages
     assert cluster.nodes.get(name=node).repairs == {"dcgm": 1}
+
+
+def test_the_epilog_drains_a_node_whose_gpu_fails_after_a_job_and_leaves_a_healthy_one_idle(hana_api, cluster):
+    # Configless compute nodes are not sent the epilog, and the reference architectures' epilog called
+    # a script that existed nowhere: Slurm drains a node whose epilog fails, after every job.
+    backend = get_backend(cluster.backend)
+    first, node = [n.name for n in cluster.compute_nodes().order_by("name")]
+    inject(cluster, node, "gpu_ecc")
+    home = str(backend.shared_dir(cluster))
+    submit_through_slurmrestd(
+        hana_api, SLURM_REST, "#!/bin/bash\nsrun true\n", name="after", nodes=2, tasks=2, current_working_directory=home
+    )
+
+    def states():
+        return {s.name: s for s in backend.node_statuses(cluster)}
+
+    wait_until(lambda: "DRAIN" in states()[node].flags or states()[node].state == "drained", timeout=60)
+    assert states()[node].reason == "tcc ecc: GPU 00000000:0B:00.0: 2 uncorrectable ECC errors since the last reset"
+    # Its epilog ran too, and passed: the job completes and the node is idle, neither drained nor given a reason.
+    wait_until(lambda: (states()[first].state, states()[first].flags) == ("idle", []), timeout=30)
+    assert states()[first].reason == ""
 
 
 def test_a_node_with_wrong_results_is_replaced_and_the_cluster_keeps_its_size(hana_api, cluster, settings):

@@ -108,6 +108,6 @@ def value_problem(key, value, default):
 
 
 def load_checks():
-    from .checks import correctness, dcgm, disk, ecc, gpu_inventory, interconnect, speed, xid  # noqa: F401
+    from .checks import correctness, dcgm, disk, ecc, gpu_inventory, interconnect, nvlink, speed, xid  # noqa: F401
 
     return CHECKS

@@ -24,9 +24,11 @@ from ..events import record_event
 from ..models import HealthResult
 from ..operations import start
 from ..slurm import batch
+from ..slurm.hooks import GPU_CHECK
 from ..slurm.states import NODE_UP, is_down, is_drained, is_schedulable, split_state
+from ..spec.catalog import accelerator_info
 from ..work import PermanentBackendError, Step, TransientBackendError, heartbeat
-from . import FAIL, PASS, WARN, load_checks, threshold_errors, thresholds, unknown_checks
+from . import FAIL, PASS, WARN, epilog, load_checks, threshold_errors, thresholds, unknown_checks
 from .checks.correctness import checksum
 from .faults import FOLDER as FAULTS
 
@@ -187,10 +189,12 @@ def write_job(ctx):
         "faults_dir": f"{ctx.backend.shared_dir(cluster)}/{FAULTS}" if ctx.backend.injects_faults else "/nonexistent",
         "gpus_per_node": ctx.backend.node_shape(cluster, pool).gpus if pool else 0,
         "accelerator_type": pool.accelerator_type if pool else "",
+        "accelerator": accelerator_info(pool.accelerator_type) if pool else None,  # expected figures
         "reference_checksum": checksum(limits["size"], limits["rounds"], limits["seed"]),
     }
     agent.write(in_scan(ctx, "context.json"), json.dumps(context).encode())  # makes the folder too
     runtime = services.runtime.install(ctx.backend, cluster)  # the health agent's code, in the shared home
+    write_gpu_check(ctx, runtime, context)
     hold = checkpoint.get("hold")
     for name, nodes in checkpoint["nodes"].items():
         script = batch.render(
@@ -203,6 +207,9 @@ def write_job(ctx):
                 "time": 30,
                 # A scan is judged on the nodes it was given; it is never rerun behind the console's back.
                 "no-requeue": True,
+                # On GPU nodes a scan takes the whole node: DCGM's diagnostic and the GPU checks must
+                # never share a GPU with a user's job (nor measure one that is busy).
+                "exclusive": True if context["gpus_per_node"] else None,
                 "reservation": hold or None,
                 "output": f"{folder}/slurm-{name}-%j.out",
             },
@@ -212,6 +219,29 @@ def write_job(ctx):
             body=[f"srun {shlex.quote(runtime.python)} -m clusters.health.agent {folder}/context.json {folder}"],
         )
         agent.write(in_scan(ctx, f"scan-{name}.sbatch"), script.encode())
+
+
+def write_gpu_check(ctx, runtime, context):
+    """The epilog's GPU check (clusters/slurm/hooks.py): its script and context in the shared home,
+    refreshed by every scan, so it runs this console version's checks with the pools' GPU figures."""
+    cluster, agent = ctx.cluster, ctx.backend.agent(ctx.cluster)
+    pools = {
+        pool.pool_id: {
+            "gpus_per_node": ctx.backend.node_shape(cluster, pool).gpus,
+            "accelerator_type": pool.accelerator_type,
+        }
+        for pool in cluster.node_pools.filter(role=NodeRole.COMPUTE)
+    }
+    keep = ("backend", "thresholds", "faults_dir")
+    shared = ctx.backend.shared_dir(cluster)
+    check = {**{k: context[k] for k in keep}, "thresholds": {}, "pools": pools, "checks": list(epilog.CHECKS)}
+    agent.write(f"{GPU_CHECK}.json", json.dumps(check).encode(), mode=0o644)
+    script = (
+        "#!/bin/bash\n# The console's fast GPU checks after a job (clusters/health/epilog.py), written by each scan.\n"
+        f"cd {shlex.quote(runtime.folder)} && exec {shlex.quote(runtime.python)} -m clusters.health.epilog "
+        f"{shlex.quote(f'{shared}/{GPU_CHECK}.json')}\n"
+    )
+    agent.write(GPU_CHECK, script.encode(), mode=0o644)
 
 
 def submit(ctx):

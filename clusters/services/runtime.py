@@ -21,6 +21,7 @@ FILES = [
     "clusters/rendezvous.py",
     "clusters/health/__init__.py",
     "clusters/health/agent.py",
+    "clusters/health/epilog.py",
     "clusters/health/thresholds.json",
     "clusters/health/xids.json",
     "clusters/health/checks/*.py",

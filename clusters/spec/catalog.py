@@ -7,6 +7,7 @@ from functools import cache
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent.parent / "data"
+ACCELERATORS = DATA / "accelerators.json"  # per GPU: memory, dense peaks, host link (with sources)
 
 # The regions the managed service offers (its public "Create cluster" page; see shared reference).
 REGIONS = (
@@ -78,3 +79,9 @@ def machine_type_info(name):
     if not family or match["kind"] not in family or vcpus not in family["vcpus"]:
         return None
     return MachineType(name=name, vcpus=vcpus, memory_gb=vcpus * family[match["kind"]])
+
+
+@cache
+def accelerator_info(accelerator_type):
+    """The GPU's figures ({"name", "memory_gb", "bf16_tflops", "host_to_device_gbps", ...}) or None."""
+    return json.loads(ACCELERATORS.read_text()).get(accelerator_type) if accelerator_type else None

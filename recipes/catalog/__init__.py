@@ -1,12 +1,15 @@
-"""The recipe catalog: one JSON file per recipe in this folder, validated when first loaded, beside
-hardware.json (the GPUs' memory and peak throughput, with sources; recipes/runs/fit.py reads it)."""
+"""The recipe catalog: one JSON file per recipe in this folder, validated when first loaded. The GPUs'
+memory and peak throughput (with sources) are the clusters' data: clusters/data/accelerators.json,
+which recipes/runs/fit.py reads."""
 
 import json
 from functools import cache
 from pathlib import Path
 
+from clusters.spec.catalog import ACCELERATORS
+
 FOLDER = Path(__file__).resolve().parent
-HARDWARE = FOLDER / "hardware.json"
+HARDWARE = ACCELERATORS
 KINDS = ("pretrain", "cpt", "sft", "rl")
 FAMILIES = ("llama", "gemma")
 REQUIRED = {

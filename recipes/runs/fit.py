@@ -16,7 +16,7 @@ layout recipes/distributed.py builds; pipeline stages fold into data parallelism
   time (the full profiles: recipes/node/train.py chunked_loss);
 - 2 GB for the CUDA context and communication buffers, and 10% for the allocator's fragmentation.
 
-The GPUs' memory and peak throughput come from recipes/catalog/hardware.json (with its sources).
+The GPUs' memory and peak throughput come from clusters/data/accelerators.json (with its sources).
 """
 
 import json
@@ -35,7 +35,7 @@ def hardware():
     data = json.loads(HARDWARE.read_text())
     for name, gpu in data.items():
         if not name.startswith("_") and not {"memory_gb", "bf16_tflops", "fp8_tflops"} <= set(gpu):
-            raise ValueError(f"recipes/catalog/hardware.json: {name} lacks memory_gb, bf16_tflops or fp8_tflops")
+            raise ValueError(f"clusters/data/accelerators.json: {name} lacks memory_gb, bf16_tflops or fp8_tflops")
     return {name: gpu for name, gpu in data.items() if not name.startswith("_")}
 
 

@@ -100,6 +100,7 @@ def instance_properties(cloud, pool, role):
             items=[
                 compute_v1.Items(key="startup-script", value=slurm_conf.startup_script(cloud, pool, role)),
                 compute_v1.Items(key="tcc-cluster", value=cloud.n.prefix),
+                *(slurm_conf.hook_items(cloud) if role == "compute" else []),
             ]
         ),
     )

@@ -6,6 +6,7 @@ from pathlib import Path
 from django.conf import settings
 
 from ...choices import NodeRole
+from ...slurm import hooks
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from ...work import TransientBackendError
@@ -21,18 +22,31 @@ JWT_KEY = "/var/spool/slurmctld/jwt_hs256.key"
 # The folder under the shared /home that the console's runs, scans and the cluster agent work in.
 SHARED = "/home/tcc"
 AGENT = Path(__file__).resolve().parents[2] / "agent" / "server.py"
+# Where a configless slurmd keeps the slurm.conf it fetched (scontrol on a compute node reads it).
+CONFIGLESS_CONF = "/var/spool/slurmd/conf-cache/slurm.conf"
 
 
 def slurm_items(cloud):
-    """Metadata the controller and login nodes read: slurm.conf and the spec's prolog and epilog."""
+    """Metadata the controller and login nodes read: slurm.conf, gres.conf and the Prolog and Epilog."""
     from google.cloud import compute_v1
 
-    slurm = cloud.spec["orchestrator_spec"]["slurm_spec"]
     return [
         compute_v1.Items(key="slurm-conf", value=render(cloud)),
         compute_v1.Items(key="slurm-gres-conf", value=render_gres(cloud)),
-        compute_v1.Items(key="slurm-prolog", value="\n\n".join(slurm.get("prolog_bash_scripts", []))),
-        compute_v1.Items(key="slurm-epilog", value="\n\n".join(slurm.get("epilog_bash_scripts", []))),
+        *hook_items(cloud),
+    ]
+
+
+def hook_items(cloud):
+    """The Prolog and Epilog (clusters/slurm/hooks.py) as metadata: the compute nodes' startup script
+    writes them to /etc/slurm (configless slurmds are not sent them), the controller's too."""
+    from google.cloud import compute_v1
+
+    slurm = cloud.spec["orchestrator_spec"]["slurm_spec"]
+    environment = {"SLURM_CONF": CONFIGLESS_CONF}
+    return [
+        compute_v1.Items(key=f"slurm-{kind}", value=hooks.render(slurm, kind, shared=SHARED, environment=environment))
+        for kind in hooks.KINDS
     ]
 
 
@@ -93,7 +107,6 @@ def change_metadata(cloud, name, change, what):
 def render(cloud):
     """slurm.conf for the VMs: configless slurmd, one NodeName line per node, the spec's scheduling."""
     slurm = cloud.spec["orchestrator_spec"]["slurm_spec"]
-    scheduling = slurm.get("scheduling") or {}
     lines = [
         "# Written by the console's gce backend; the controller's agent reloads it when it changes.",
         f"ClusterName={cloud.n.prefix.replace('-', '')[:40]}",
@@ -128,20 +141,7 @@ def render(cloud):
     enforce = (slurm.get("accounting") or {}).get("accounting_storage_enforce")
     if enforce:
         lines.append(f"AccountingStorageEnforce={enforce}")
-    keys = {
-        "priority_type": "PriorityType",
-        "preempt_type": "PreemptType",
-        "preempt_mode": "PreemptMode",
-        "preempt_exempt_time": "PreemptExemptTime",
-        "priority_weight_age": "PriorityWeightAge",
-        "priority_weight_assoc": "PriorityWeightAssoc",
-        "priority_weight_fairshare": "PriorityWeightFairshare",
-        "priority_weight_job_size": "PriorityWeightJobSize",
-        "priority_weight_partition": "PriorityWeightPartition",
-        "priority_weight_qos": "PriorityWeightQOS",
-        "priority_weight_tres": "PriorityWeightTRES",
-    }
-    lines += [f"{conf}={scheduling[key]}" for key, conf in keys.items() if key in scheduling]
+    lines += hooks.scheduling_lines(slurm)
     lines.append("")
     wanted = {}
     for node in cloud.cluster.wanted_nodes().select_related("node_pool"):

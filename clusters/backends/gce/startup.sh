@@ -83,6 +83,14 @@ resolvable() {  # wait up to 2 minutes until every node's host name in slurm.con
   echo "tcc-startup: $missing does not resolve yet; starting slurmctld all the same"
 }
 
+write_hooks() {  # the Prolog and Epilog from the metadata (configless slurmds are not sent them)
+  mkdir -p /etc/slurm
+  for hook in prolog epilog; do
+    meta "instance/attributes/slurm-$hook" > "/etc/slurm/$hook.sh" || true
+    chmod 0755 "/etc/slurm/$hook.sh"
+  done
+}
+
 write_conf() {  # slurm.conf (and gres.conf) from the metadata; true when it changed
   mkdir -p /etc/slurm
   meta instance/attributes/slurm-conf > /etc/slurm/slurm.conf.new || { rm -f /etc/slurm/slurm.conf.new; return 1; }
@@ -91,10 +99,7 @@ write_conf() {  # slurm.conf (and gres.conf) from the metadata; true when it cha
       /etc/slurm/slurm.conf.new
   fi
   meta instance/attributes/slurm-gres-conf > /etc/slurm/gres.conf || true
-  for hook in prolog epilog; do
-    meta "instance/attributes/slurm-$hook" > "/etc/slurm/$hook.sh" || true
-    chmod 0755 "/etc/slurm/$hook.sh"
-  done
+  write_hooks
   if cmp -s /etc/slurm/slurm.conf.new /etc/slurm/slurm.conf; then
     rm /etc/slurm/slurm.conf.new
     return 1
@@ -240,6 +245,7 @@ fi
 exit 0
 HEALTH
     chmod 0755 /etc/slurm/healthcheck.sh
+    write_hooks  # slurm.conf names /etc/slurm/prolog.sh and epilog.sh when the spec has them
     # Configless: slurmd fetches slurm.conf from the controller (started again until the controller
     # knows this node); the node name is the instance name less the cluster's prefix.
     daemon tcc-slurmd slurmd -D --conf-server "$CONTROLLER" -N "$NODE"

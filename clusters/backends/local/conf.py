@@ -5,6 +5,7 @@ import os
 
 from ...accounts import project_group
 from ...choices import NodeRole
+from ...slurm import hooks
 from ...spec.catalog import machine_type_info
 from ..base import NodeShape
 
@@ -89,8 +90,11 @@ def render(cluster, paths, wanted):
         f"HealthCheckProgram={paths.health_check}",
         "HealthCheckInterval=10",
         "HealthCheckNodeState=ANY",
-        "",
     ]
+    slurm = slurm_spec(cluster)
+    lines += [f"{kind.capitalize()}={paths.hook(kind)}" for kind in hooks.KINDS if hooks.scripts(slurm, kind)]
+    lines += hooks.scheduling_lines(slurm)
+    lines.append("")
     by_pool, shapes = {}, {}
     for node in wanted:
         shape = shapes.setdefault(node.node_pool_id, node_shape(cluster, node.node_pool))
@@ -114,8 +118,26 @@ def render(cluster, paths, wanted):
     return "\n".join(lines) + "\n"
 
 
+def slurm_spec(cluster):
+    return ((cluster.spec or {}).get("orchestrator_spec") or {}).get("slurm_spec") or {}
+
+
+def write_hooks(cluster, paths):
+    """The spec's Prolog and Epilog with the console's preamble (clusters/slurm/hooks.py); every node
+    of a local cluster is this machine, so one file each serves them all."""
+    for kind in hooks.KINDS:
+        text = hooks.render(slurm_spec(cluster), kind, shared=paths.jobs, environment={"SLURM_CONF": paths.conf})
+        path = paths.hook(kind)
+        if text and (not path.exists() or path.read_text() != text):
+            tmp = paths.root / f".{kind}.sh.tmp"
+            tmp.write_text(text)
+            tmp.chmod(0o755)
+            os.replace(tmp, path)
+
+
 def write(cluster, paths, wanted):
-    """Write slurm.conf (tmp + rename) unless it already says exactly this."""
+    """Write the Prolog and Epilog, then slurm.conf (tmp + rename) unless it already says exactly this."""
+    write_hooks(cluster, paths)
     text = render(cluster, paths, wanted)
     if paths.conf.exists() and paths.conf.read_text() == text:
         return

@@ -66,6 +66,10 @@ class ClusterPaths:
     def health_check(self):
         return self.root / "healthcheck.sh"
 
+    def hook(self, kind):
+        """The Prolog or Epilog script (clusters/slurm/hooks.py)."""
+        return self.root / f"{kind}.sh"
+
     @property
     def faults(self):
         """Fault files of rehearsals (clusters/health/faults.py writes them through the agent)."""
