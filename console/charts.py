@@ -16,7 +16,8 @@ class LineChart:
 
 def line_chart(rows, key, width=640, height=200, pad=30):
     """A polyline of `key` against `step`; None when there is nothing to draw."""
-    data = [(row["step"], row[key]) for row in rows if key in row]
+    # A missing or non-finite value (stored as None, recipes/runs/alerts.py) is left out.
+    data = [(row["step"], row[key]) for row in rows if isinstance(row.get(key), int | float)]
     if len(data) < 2:
         return None
     xs, ys = [x for x, _ in data], [y for _, y in data]

@@ -386,6 +386,8 @@ GCE_HEALTH_CHECK_INTERVAL = envint("GCE_HEALTH_CHECK_INTERVAL", 60)
 
 # Self-repair: start a repair after a scan finds a failing node, and watch nodes every 15 s.
 AUTO_REPAIR = envbool("AUTO_REPAIR", "True")
+# A running run that logs no metrics line for this long gets an alert (a launch may set its own).
+RUN_STALL_MINUTES = envint("RUN_STALL_MINUTES", 30)
 # A new cluster is READY only once its first health scan (every check) passes on every node; backends
 # that cannot run Slurm jobs from the console yet (gce) skip it and say so on the timeline.
 HEALTH_SCAN_BEFORE_READY = envbool("HEALTH_SCAN_BEFORE_READY", "True")

@@ -70,6 +70,11 @@ class Run(models.Model):
     metrics_offset = models.PositiveBigIntegerField(default=0)  # bytes of metrics.jsonl already stored
     log_tail = models.TextField(blank=True)
     progress_synced = models.DateTimeField(null=True, blank=True)
+    metrics_seen = models.DateTimeField(null=True, blank=True)  # when the sync last found new metrics lines
+    # What the sync watches for (recipes/runs/alerts.py): {"stall_minutes": N, "cancel_on_nonfinite": bool},
+    # from the launch; and the alerts raised, {kind: {"at", "message"}}, each once.
+    watch = models.JSONField(default=dict, blank=True)
+    alerts = models.JSONField(default=dict, blank=True)
     # The registry: the run's MLflow run (params and metrics logged as it trains), the metric lines
     # already logged there, the model version it started from, and whether it registered by itself.
     init_version = models.ForeignKey(

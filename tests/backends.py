@@ -62,5 +62,9 @@ class ScriptedBackend(Backend):
         self.ask_slurm()
         return list(self.queue)
 
+    def cancel_job(self, cluster, job_id):
+        self.ask_slurm()
+        self.calls.append(("cancel", job_id))
+
     def node_shape(self, cluster, pool):
         return NodeShape(cpus=1, memory_mb=1024, note="scripted")

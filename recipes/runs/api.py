@@ -29,7 +29,7 @@ class RunSerializer(serializers.ModelSerializer):
         fields = [
             "id", "launch", "recipe_id", "profile", "partition", "nodes", "steps", "status", "slurm_job_id",
             "slurm_state", "slurm_reason", "exit_code", "error", "work_dir", "script", "summary", "layout", "created",
-            "started", "finished",
+            "started", "finished", "watch", "alerts",
         ]  # fmt: skip
 
     def get_summary(self, run) -> dict:
@@ -63,6 +63,12 @@ class LaunchSerializer(serializers.Serializer):
     )
     register_as = serializers.CharField(
         required=False, help_text="The model it registers as (default: the recipe's id, e.g. llama3-1-8b-sft)"
+    )
+    stall_minutes = serializers.IntegerField(
+        required=False, help_text="Alert when the running run logs no metrics line for this long (default 30)"
+    )
+    cancel_on_nonfinite = serializers.BooleanField(
+        required=False, help_text="Cancel the run when its loss is NaN or infinite (default false: alert only)"
     )
 
 

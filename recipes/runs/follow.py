@@ -14,6 +14,7 @@ from console.errors import Conflict, ConsoleError
 
 from .. import registry
 from ..models import Run, RunMetric, RunStatus
+from . import alerts
 
 
 def run_status(job_state):
@@ -55,13 +56,14 @@ def sync_runs(cluster, jobs):
     """The Slurm sync's hook (clusters.services.on_sync): store the progress of each active run of the
     cluster and follow its job in `jobs` ({job_id: JobStatus}, Slurm's queue at this sync)."""
     for run in cluster.runs.filter(status__in=RunStatus.active()):
-        stored = read_progress(run)  # first: a job Slurm already reports ended has written all it will
+        rows = read_progress(run)  # first: a job Slurm already reports ended has written all it will
         try:
             follow_run(run, jobs.get(run.slurm_job_id))
+            alerts.watch(run, rows)
         except ConsoleError:
             continue  # the agent is not answering: judge the run at the next sync
         finally:
-            registry.after_sync(run, stored, run.is_done)  # MLflow hears of it (in a task)
+            registry.after_sync(run, len(rows), run.is_done)  # MLflow hears of it (in a task)
 
 
 def refresh_run(run):
@@ -73,8 +75,10 @@ def refresh_run(run):
         job = clusters.job_status(run.cluster, run.slurm_job_id)
     except ConsoleError:
         return run  # Slurm unreachable: keep what we know
-    read_progress(run)
-    return follow_run(run, job)
+    rows = read_progress(run)
+    follow_run(run, job)
+    alerts.watch(run, rows)
+    return run
 
 
 def read_progress(run):
@@ -95,18 +99,21 @@ def read_progress(run):
         line = run.metric_rows.count()
         for raw in chunk[:done].splitlines():
             try:
-                record = json.loads(raw)
+                record = json.loads(raw)  # Python's json reads the NaN and Infinity train.py writes
                 step = int(record["step"])
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # not a metrics line: skipped, never fatal
+            record, _ = alerts.finite(record)
             rows.append(RunMetric(run=run, line=line, step=max(step, 0), values=record))
             line += 1
     RunMetric.objects.bulk_create(rows, ignore_conflicts=True)
     fields = {"metrics_offset": run.metrics_offset + done, "log_tail": log, "progress_synced": timezone.now()}
+    if rows:
+        fields["metrics_seen"] = fields["progress_synced"]
     Run.objects.filter(pk=run.pk).update(**fields)
     for key, value in fields.items():
         setattr(run, key, value)
-    return len(rows)
+    return rows
 
 
 METRICS_READ_BYTES = 4 << 20  # per sync; a longer backlog is read over the next syncs

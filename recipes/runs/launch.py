@@ -111,6 +111,7 @@ def validate_launch(cluster, data, *, stage=True):
                 "use more nodes (a larger data-parallel group shards more of it)"
             )
     register_as = registration(recipe, data, errors) if recipe else None
+    watch = watch_options(data, errors)
     dataset = data.get("dataset") or None  # the page's form sends "" for "the recipe's own"
     if dataset is not None and recipe and not errors:
         problem = dataset_problem(cluster, dataset)
@@ -138,7 +139,26 @@ def validate_launch(cluster, data, *, stage=True):
         "estimate": estimate.as_dict(),
         "dataset": dataset,
         "register_as": register_as,
+        "watch": watch,
     }
+
+
+def watch_options(data, errors):
+    """What the sync watches the run for (recipes/runs/alerts.py): `stall_minutes` without a metrics
+    line before an alert (1-1440, default RUN_STALL_MINUTES) and `cancel_on_nonfinite` (default false)."""
+    watch = {}
+    minutes = data.get("stall_minutes")
+    if minutes not in (None, ""):
+        if isinstance(minutes, bool) or not str(minutes).isdigit() or not 1 <= int(minutes) <= 1440:
+            errors["stall_minutes"] = ["must be a whole number of minutes from 1 to 1440"]
+        else:
+            watch["stall_minutes"] = int(minutes)
+    cancel = str(data.get("cancel_on_nonfinite", "")).strip().lower()
+    if cancel not in ("", "true", "false", "1", "0", "yes", "no", "on", "off"):
+        errors["cancel_on_nonfinite"] = ["must be true or false"]
+    elif cancel in ("true", "1", "yes", "on"):
+        watch["cancel_on_nonfinite"] = True
+    return watch
 
 
 def registration(recipe, data, errors):
@@ -418,6 +438,7 @@ def launch_run(*, cluster, data, user=None):
             init_from=launch["init_from"] if isinstance(launch["init_from"], Run) else None,
             init_version=launch["init_from"].version if isinstance(launch["init_from"], HubFolder) else None,
             created_by=user,
+            watch=launch["watch"],
         )
         run.launch = operations.start(
             cluster,

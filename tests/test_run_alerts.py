@@ -1,0 +1,116 @@
+"""Runs that warn early (recipes/runs/alerts.py): alice's run on the scripted backend logs a NaN loss,
+stops logging, or slows down; each alert is an event and a banner once, and a NaN cancels the run
+when its launch asked. The sync path that feeds it real metrics lines runs in test_recipes.py."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from clusters.services import create_cluster
+from recipes.models import Run, RunMetric, RunStatus
+from recipes.runs import alerts
+from recipes.runs.launch import watch_options
+
+from .conftest import provisioned, scripted_spec
+
+pytestmark = pytest.mark.django_db
+START = timezone.now() - timedelta(hours=1)
+
+
+@pytest.fixture
+def cluster(alpha, alice, scripted):
+    operation = create_cluster(project=alpha, name="demo", spec=scripted_spec(), user=alice)
+    provisioned(name="demo")
+    return operation.cluster
+
+
+@pytest.fixture
+def run(cluster):
+    return Run.objects.create(
+        cluster=cluster, recipe_id="llama-tiny", profile="tiny", partition="cpu", nodes=1, steps=100, config={},
+        script="", work_dir="/home/runs/x", status=RunStatus.RUNNING, slurm_job_id=7, started=START,
+    )  # fmt: skip
+
+
+def logged(run, *lines):
+    """Store metrics lines as the sync does (non-finite numbers become gaps); the new rows."""
+    first = run.metric_rows.count()
+    rows = [
+        RunMetric(run=run, line=first + i, step=line["step"], values=alerts.finite(line)[0])
+        for i, line in enumerate(lines)
+    ]
+    RunMetric.objects.bulk_create(rows)
+    Run.objects.filter(pk=run.pk).update(metrics_seen=timezone.now())
+    run.refresh_from_db()
+    return rows
+
+
+def line(step, loss=2.0, seconds_per_step=1.0):
+    return {"step": step, "loss": loss, "tokens_per_s": 100.0, "time": START.timestamp() + step * seconds_per_step}
+
+
+def test_a_nan_loss_is_stored_as_a_gap_and_alerts_once(run, scripted):
+    rows = logged(run, line(1), line(2, loss=float("nan")), line(3, loss=float("inf")))
+    assert rows[1].values["loss"] is None and rows[1].values["nonfinite"] == ["loss"]
+    assert alerts.watch(run, rows) == [alerts.NONFINITE]
+    assert run.alerts["nonfinite"]["message"] == "loss is not a finite number at step 2"
+    assert run.cluster.events.filter(message="Run llama-tiny (job 7): loss is not a finite number at step 2").exists()
+    assert alerts.watch(run, logged(run, line(4, loss=float("nan")))) == []  # once
+    assert ("cancel", 7) not in scripted.calls  # the launch did not ask for it
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING and set(run.alerts) == {"nonfinite"}
+
+
+def test_a_nan_loss_cancels_the_run_when_its_launch_asked(run, scripted):
+    Run.objects.filter(pk=run.pk).update(watch={"cancel_on_nonfinite": True})
+    run.refresh_from_db()
+    assert alerts.watch(run, logged(run, line(1, loss=float("nan")))) == [alerts.NONFINITE]
+    assert ("cancel", 7) in scripted.calls
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    assert run.alerts["nonfinite"]["message"].endswith("; cancelling the run")
+
+
+def test_a_run_that_stops_logging_alerts_after_its_stall_minutes(run, settings):
+    settings.RUN_STALL_MINUTES = 30
+    logged(run, line(1))
+    seen = run.metrics_seen
+    assert alerts.watch(run, [], now=seen + timedelta(minutes=29)) == []
+    assert alerts.watch(run, [], now=seen + timedelta(minutes=31)) == [alerts.STALLED]
+    assert run.alerts["stalled"]["message"] == "no metrics line for 31 minutes"
+    started = timezone.now() - timedelta(hours=1)
+    Run.objects.filter(pk=run.pk).update(watch={"stall_minutes": 5}, alerts={}, metrics_seen=None, started=started)
+    run.refresh_from_db()
+    # No line at all since the job started an hour ago.
+    assert alerts.watch(run, []) == [alerts.STALLED]
+    assert run.alerts["stalled"]["message"] == "no first metrics line for 60 minutes"
+
+
+def test_a_run_that_slows_to_under_half_its_pace_alerts_and_a_steady_one_does_not(run):
+    steady = logged(run, *(line(s) for s in range(1, 8)))
+    assert alerts.watch(run, steady) == []
+    # Step 8 comes 4 s after step 7 instead of 1 s: a quarter of the run's median pace.
+    slow = logged(run, {**line(8), "time": line(7)["time"] + 4.0})
+    assert alerts.watch(run, slow) == [alerts.SLOW]
+    assert run.alerts["slow"]["message"] == "0.25 steps/s between its last two metrics lines, 25% of its median"
+
+
+def test_a_finished_run_raises_nothing(run):
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.COMPLETED)
+    run.refresh_from_db()
+    assert alerts.watch(run, logged(run, line(1, loss=float("nan")))) == []
+
+
+def test_the_launch_refuses_bad_watch_options_with_field_messages():
+    errors = {}
+    assert watch_options({"stall_minutes": "15", "cancel_on_nonfinite": "true"}, errors) == {
+        "stall_minutes": 15,
+        "cancel_on_nonfinite": True,
+    }
+    assert errors == {}
+    watch_options({"stall_minutes": "0", "cancel_on_nonfinite": "maybe"}, errors)
+    assert errors == {
+        "stall_minutes": ["must be a whole number of minutes from 1 to 1440"],
+        "cancel_on_nonfinite": ["must be true or false"],
+    }
