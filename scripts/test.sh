@@ -18,4 +18,4 @@ fi
 bash scripts/postgres.sh
 export DATABASE_URL="postgres://postgres@/console?host=${PGDIR:-/tmp/tcc-postgres}&port=${PGPORT:-55432}"
 exec .venv/bin/pytest tests/test_concurrency.py tests/test_operations.py tests/test_sync.py tests/test_api.py \
-  tests/test_roles.py tests/test_compat_api.py
+  tests/test_roles.py tests/test_compat_api.py tests/test_run_alerts.py

@@ -114,3 +114,13 @@ def test_the_launch_refuses_bad_watch_options_with_field_messages():
         "stall_minutes": ["must be a whole number of minutes from 1 to 1440"],
         "cancel_on_nonfinite": ["must be true or false"],
     }
+
+
+def test_a_nan_line_as_train_py_writes_it_is_stored_and_read_back(run):
+    import json
+
+    # json.dumps writes NaN, which Python reads back but PostgreSQL's jsonb refuses ("Token NaN is
+    # invalid"): the sync stores the line with gaps (this module runs on PostgreSQL in scripts/test.sh).
+    record = json.loads(json.dumps({"step": 3, "loss": float("nan"), "lr": 0.001}))
+    RunMetric.objects.create(run=run, line=0, step=3, values=alerts.finite(record)[0])
+    assert RunMetric.objects.get(run=run).values == {"step": 3, "loss": None, "lr": 0.001, "nonfinite": ["loss"]}
