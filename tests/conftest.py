@@ -363,7 +363,8 @@ def module_cluster(
     try:  # a cluster that fails to come up is stopped too, so the next module starts clean
         with django_db_blocker.unblock():
             spec = gce_spec(cpu=cpu) if backend == "gce" else example_spec(cpu=cpu)
-            spec["orchestrator_spec"]["slurm_spec"]["epilog_bash_scripts"] = list(epilog)
+            if epilog:
+                spec["orchestrator_spec"]["slurm_spec"]["epilog_bash_scripts"] = list(epilog)
             operation = services.create_cluster(project=project, name=cluster_name, spec=spec, user=owner)
             engine.run(operation.pk)
             cluster = Cluster.objects.get(pk=operation.cluster_id)

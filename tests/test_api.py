@@ -107,6 +107,10 @@ def test_it_resizes_only_node_counts(alice_api):
         "node_pools[1].machine_spec.machine_type": ["cannot change after the cluster is created"]
     }
     assert Cluster.objects.get().status == ClusterStatus.READY
+    # An empty field left out, or sent empty, is no change: the same spec, resized, is accepted.
+    spec = example_spec(cpu=3)
+    spec["orchestrator_spec"]["slurm_spec"]["prolog_bash_scripts"] = []
+    assert alice_api.patch(f"{CLUSTERS}demo/", {"spec": spec}, format="json").status_code == 202
 
 
 def test_it_marks_the_highest_nodes_for_removal_when_shrinking(alice_api):
