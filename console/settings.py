@@ -228,6 +228,22 @@ ROUTER_SAMPLE_SECONDS = envfloat("ROUTER_SAMPLE_SECONDS", 5.0)
 ROUTER_TOKEN_CACHE_SECONDS = envfloat("ROUTER_TOKEN_CACHE_SECONDS", 10.0)
 ROUTER_TOKEN_CACHE_SIZE = envint("ROUTER_TOKEN_CACHE_SIZE", 10000)  # tokens remembered at once (a bounded LRU)
 ROUTER_REQUEST_TIMEOUT = envfloat("ROUTER_REQUEST_TIMEOUT", 120.0)
+ROUTER_CONNECT_TIMEOUT = envfloat("ROUTER_CONNECT_TIMEOUT", 3.0)  # a replica that takes longer is skipped
+# Connections to replicas the router holds open at once (aiohttp's default, 100, queued the 101st request).
+ROUTER_MAX_CONNECTIONS = envint("ROUTER_MAX_CONNECTIONS", 1024)
+# Requests a replica is given at once; past that, requests wait in a bounded queue per endpoint
+# (ROUTER_QUEUE_PER_REPLICA x its replicas, each for up to ROUTER_QUEUE_SECONDS), and past the queue
+# the router answers 429 with Retry-After.
+ROUTER_REPLICA_CONCURRENCY = envint("ROUTER_REPLICA_CONCURRENCY", 8)
+ROUTER_QUEUE_PER_REPLICA = envint("ROUTER_QUEUE_PER_REPLICA", 32)
+ROUTER_QUEUE_SECONDS = envfloat("ROUTER_QUEUE_SECONDS", 30.0)
+# Every replica's /health is probed this often; EJECT_AFTER failures in a row take it out of the
+# routing until one probe passes again.
+ROUTER_HEALTH_SECONDS = envfloat("ROUTER_HEALTH_SECONDS", 2.0)
+# The bearer token Prometheus scrapes /metrics with (unset: /metrics answers 404). Read from a file so
+# it is never in a process's command line or environment listing.
+METRICS_TOKEN_FILE = env("METRICS_TOKEN_FILE", "")
+ROUTER_HEALTH_EJECT_AFTER = envint("ROUTER_HEALTH_EJECT_AFTER", 2)
 PERIODIC_TASKS["reconcile-endpoints"] = ("recipes.tasks.reconcile_endpoints", ENDPOINT_RECONCILE_SECONDS)
 # Tasks the periodic ones fan out, on the same queue.
 PERIODIC_FAN_OUT = ["clusters.tasks.sync_cluster"]

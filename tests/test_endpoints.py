@@ -156,14 +156,16 @@ def test_an_endpoint_serves_an_alias_rolls_when_it_moves_and_scales_with_load(
                             token)  # fmt: skip
         assert status == 200 and len(body["predictions"]) == 2 and body["deployedModelId"] == f"{name}:v1"
         status, body = call(router, "/alpha/chat/v1/models", token=token)
-        assert status == 200 and body["data"][0]["id"] == "chat"
+        assert [m["id"] for m in body["data"]] == ["chat", f"{name}:v1", f"{name}@production"]
+        with_the_openai_sdk(router, token, name)
         # Bad input: clear 400s in each protocol's shape; outsiders and strangers get 404.
         status, body = call(router, "/alpha/chat:predict", raw=b"not json", token=token)
         assert status == 400 and "must be JSON" in body["error"]["message"] and body["error"]["code"] == 400
         status, body = call(router, "/alpha/chat/v1/completions", {"prompt": "x" * 300}, token)
         assert status == 400 and body["error"]["code"] == "context_length_exceeded"
         assert call(router, "/alpha/chat:predict", {"instances": ["a"]}, outsider)[0] == 404
-        assert call(router, "/alpha/chat:predict", {"instances": ["a"]})[0] == 404
+        status, body = call(router, "/alpha/chat:predict", {"instances": ["a"]})
+        assert status == 401 and body["error"]["code"] == "invalid_api_key"
         charlie_api = api_client_for(charlie)
         assert charlie_api.get("/api/v1/projects/alpha/endpoints/chat/").status_code == 404
         # A version an endpoint serves cannot be deleted.
@@ -213,6 +215,50 @@ def test_an_endpoint_serves_an_alias_rolls_when_it_moves_and_scales_with_load(
         assert not Replica.objects.filter(endpoint=endpoint, state__in=ReplicaState.running()).exists()
     finally:
         stop_local_clusters()
+
+
+def with_the_openai_sdk(router, token, name):
+    """The official client as a new user would use it: sync and async, whole and streamed, and its
+    errors (a wrong key, a model the endpoint does not serve, a field the engine does not honour)."""
+    import asyncio
+
+    import openai
+
+    url = f"{router}/alpha/chat/v1"
+    client = openai.OpenAI(base_url=url, api_key=token, max_retries=0)
+    whole = client.completions.create(model="chat", prompt="hello", max_tokens=6)
+    assert whole.system_fingerprint == f"{name}:v1" and whole.usage.completion_tokens >= 1
+    streamed = list(client.completions.create(model=f"{name}@production", prompt="hello", max_tokens=6, stream=True))
+    assert len(streamed) >= 2  # before, the router answered one JSON body: the SDK yielded no chunk at all
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == whole.choices[0].text  # greedy: the same
+    chat = client.chat.completions.create(
+        model=f"{name}:v1", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(chat)
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].usage.completion_tokens >= 1
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url, api_key="tcc_wrong", max_retries=0).models.list()
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model="gpt-4", prompt="hello", max_tokens=2)
+    assert missing.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="chat", prompt="hello", max_tokens=2, n=2)
+    assert "n must be 1" in refused.value.message
+
+    async def asynchronous():
+        async_client = openai.AsyncOpenAI(base_url=url, api_key=token, max_retries=0)
+        answer = await async_client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        pieces = [c async for c in await async_client.completions.create(
+            model="chat", prompt="hello", max_tokens=6, stream=True)]  # fmt: skip
+        await async_client.close()
+        return answer, pieces
+
+    answer, pieces = asyncio.run(asynchronous())
+    assert answer.choices[0].message.role == "assistant"
+    assert "".join(c.choices[0].text for c in pieces if c.choices) == whole.choices[0].text
 
 
 @pytest.fixture
@@ -510,13 +556,11 @@ def test_a_stream_of_made_up_tokens_costs_one_lookup_each_and_never_the_routers_
         def __init__(self, raw):
             self.headers = {"Authorization": f"Bearer {raw}"}
 
-    route = routing.Route(1, 7, [], "")
-
     async def attack():
-        assert await router.authorised(Request(good), route)
+        assert await router.token(Request(good)) == (1, {7})
         for _ in range(2000):
-            assert not await router.authorised(Request(secrets.token_hex(16)), route)
-        assert await router.authorised(Request(good), route)
+            assert await router.token(Request(secrets.token_hex(16))) is None
+        assert await router.token(Request(good)) == (1, {7})
 
     asyncio.run(attack())
     assert len(router.tokens) == 50  # bounded, oldest out

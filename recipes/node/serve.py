@@ -11,6 +11,12 @@ same way.
     POST /v1/chat/completions      {"messages": [{"role", "content"}], ...}     -> OpenAI's chat.completion
     POST /predict                  {"instances": ["text" | {"prompt", "max_tokens"}]} -> {"predictions": [...]}
 
+The CPU engine honours `prompt`/`messages`, `max_tokens` (or `max_completion_tokens`), `temperature`,
+`top_p`, `stop` (up to 4 strings), `seed`, `stream` with `stream_options.include_usage`, `n` of 1, and
+ignores `model` (the router names the endpoint) and `user`; any other field is a 400 naming it, never
+silently dropped. `stream: true` answers server-sent events, one per new piece of text, then
+`data: [DONE]`; a client that goes away stops its generation.
+
 Every answer names the version that produced it (`system_fingerprint`, and `X-Model-Version`). A bad
 body or a prompt longer than the model's context is a 400 in OpenAI's error shape
 ({"error": {"message", "type": "invalid_request_error", "param", "code"}}). The replica binds an
@@ -46,6 +52,44 @@ class BadRequest(Exception):
         self.param, self.code = param, code
 
 
+# The request fields the CPU engine honours (the rest are refused, naming the field): OpenAI's protocol.
+COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n", "stream",
+          "stream_options", "user"}  # fmt: skip
+FIELDS = {"/v1/completions": COMMON | {"prompt"}, "/v1/chat/completions": COMMON | {"messages"}}
+
+
+class Options:
+    """A request's generation options, checked (BadRequest names the field)."""
+
+    def __init__(self, body):
+        unknown = sorted(set(body) - FIELDS[body["_path"]] - {"_path"})
+        if unknown:
+            raise BadRequest(f"{unknown[0]} is not supported by this engine (docs/endpoints.md)", unknown[0])
+        self.max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
+        self.temperature = body.get("temperature", 0)
+        self.top_p = body.get("top_p", 1)
+        if body.get("n", 1) != 1:
+            raise BadRequest("n must be 1 on this engine", "n")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, int | float) or not 0 < self.top_p <= 1:
+            raise BadRequest("top_p must be a number above 0 and at most 1", "top_p")
+        stop = body.get("stop") or []
+        self.stop = [stop] if isinstance(stop, str) else stop
+        if (
+            not isinstance(self.stop, list)
+            or len(self.stop) > 4
+            or not all(isinstance(s, str) and s for s in self.stop)
+        ):
+            raise BadRequest("stop must be a string or a list of up to 4 non-empty strings", "stop")
+        self.seed = body.get("seed")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise BadRequest("seed must be a whole number", "seed")
+        self.stream = body.get("stream", False)
+        if not isinstance(self.stream, bool):
+            raise BadRequest("stream must be true or false", "stream")
+        usage = (body.get("stream_options") or {}).get("include_usage", False)
+        self.include_usage = usage is True
+
+
 class Model:
     def __init__(self, folder, served_name, version, threads=1):
         import torch
@@ -59,9 +103,15 @@ class Model:
         self.name, self.version = served_name, version
         self.lock = threading.Lock()  # one generation at a time: the CPU replica has one core
 
-    def complete(self, prompt, max_tokens=16, temperature=0.0):
+    def generate(self, prompt, options, cancelled=None):
+        """Yield the completion's new text piece by piece (held back where a stop string may begin);
+        the generator's return value is (finish_reason, usage). Setting `cancelled` stops it."""
+        torch = self.torch
+        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
         if not isinstance(prompt, str) or not prompt:
             raise BadRequest("prompt must be a non-empty string", "prompt")
+        max_tokens, temperature = options.max_tokens, options.temperature
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_NEW_TOKENS:
             raise BadRequest(f"max_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}", "max_tokens")
         if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
@@ -74,20 +124,74 @@ class Model:
                 "prompt",
                 "context_length_exceeded",
             )
-        with self.lock, self.torch.no_grad():
-            out = self.model.generate(
-                ids,
-                attention_mask=self.torch.ones_like(ids),
-                max_new_tokens=max_tokens,
-                do_sample=temperature > 0,
-                temperature=temperature if temperature > 0 else None,
-                pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
-            )
-        new = out[0, ids.shape[1] :]
-        text = self.tokenizer.decode(new, skip_special_tokens=True)
-        finish = "stop" if len(new) < max_tokens else "length"
-        return text, finish, {"prompt_tokens": int(ids.shape[1]), "completion_tokens": len(new),
-                              "total_tokens": int(ids.shape[1] + len(new))}  # fmt: skip
+        cancelled = cancelled or threading.Event()
+
+        class Cancelled(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                return cancelled.is_set()
+
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        made = {}
+
+        def work():
+            with self.lock, torch.no_grad():
+                if options.seed is not None:
+                    torch.manual_seed(options.seed)
+                sampled = temperature > 0
+                made["out"] = self.model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=max_tokens,
+                    do_sample=sampled,
+                    temperature=temperature if sampled else None,
+                    top_p=options.top_p if sampled else None,
+                    pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+                    streamer=streamer,
+                    stopping_criteria=StoppingCriteriaList([Cancelled()]),
+                )
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        text, sent, stopped, ended = "", 0, False, False
+        hold = max((len(stop) for stop in options.stop), default=1) - 1
+        try:
+            for piece in streamer:
+                text += piece
+                cuts = [text.find(stop) for stop in options.stop if stop in text]
+                if cuts:
+                    text, stopped = text[: min(cuts)], True
+                    cancelled.set()
+                    break
+                if len(text) - hold > sent:
+                    yield text[sent : len(text) - hold]
+                    sent = len(text) - hold
+            else:
+                ended = True
+        finally:
+            # Stopped, or the reader went away (GeneratorExit): the generation stops at its next token;
+            # drain what it still puts out (an ended streamer has nothing more, and would block).
+            cancelled.set()
+            if not ended:
+                for _ in streamer:
+                    pass
+            worker.join()
+        if len(text) > sent:
+            yield text[sent:]
+        new = len(self.tokenizer(text)["input_ids"]) if stopped else int(made["out"].shape[1] - ids.shape[1])
+        finish = "stop" if stopped or new < max_tokens else "length"
+        return finish, {"prompt_tokens": int(ids.shape[1]), "completion_tokens": new,
+                        "total_tokens": int(ids.shape[1] + new)}  # fmt: skip
+
+    def complete(self, prompt, options):
+        """(text, finish_reason, usage) of a whole completion."""
+        pieces = self.generate(prompt, options)
+        text = []
+        while True:
+            try:
+                text.append(next(pieces))
+            except StopIteration as done:
+                finish, usage = done.value
+                return "".join(text), finish, usage
 
 
 def chat_prompt(messages):
@@ -118,6 +222,25 @@ def handler_for(model):
             self.end_headers()
             self.wfile.write(raw)
 
+        def stream(self, events):
+            """Server-sent events, written as they come; the connection closes after [DONE]. A reader
+            that went away ends the generation (closing `events` cancels it)."""
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.send_header("X-Model-Version", model.version)
+            self.end_headers()
+            self.close_connection = True
+            try:
+                for event in events:
+                    self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                events.close()
+
         def do_GET(self):
             if self.path == "/health":
                 return self.answer(HTTPStatus.OK, {"status": "ok", "version": model.version})
@@ -138,10 +261,19 @@ def handler_for(model):
                     raise BadRequest("the body must be JSON") from None
                 if not isinstance(body, dict):
                     raise BadRequest("the body must be a JSON object")
-                route = {"/v1/completions": completions, "/v1/chat/completions": chat, "/predict": predict}
-                if self.path not in route:
+                if self.path == "/predict":
+                    return self.answer(HTTPStatus.OK, predict(model, body))
+                if self.path not in FIELDS:
                     return self.answer(HTTPStatus.NOT_FOUND, error("no such path", code="not_found"))
-                self.answer(HTTPStatus.OK, route[self.path](model, body))
+                options = Options({**body, "_path": self.path})
+                chat = self.path == "/v1/chat/completions"
+                prompt = chat_prompt(body.get("messages")) if chat else body.get("prompt")
+                if options.stream:
+                    pieces = model.generate(prompt, options)
+                    first = next(pieces, None)  # a bad request fails here, before the 200 is sent
+                    return self.stream(chunks(model, chat, first, pieces, options))
+                text, finish, usage = model.complete(prompt, options)
+                self.answer(HTTPStatus.OK, whole(model, chat, text, finish, usage))
             except BadRequest as exc:
                 self.answer(HTTPStatus.BAD_REQUEST, error(str(exc), exc.param, exc.code))
 
@@ -152,23 +284,49 @@ def error(message, param=None, code=None):
     return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
 
 
-def base(model, kind):
-    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()), "model": model.name,
-            "system_fingerprint": model.version}  # fmt: skip
+def base(model, kind, request_id=None):
+    return {"id": request_id or f"cmpl-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()),
+            "model": model.name, "system_fingerprint": model.version}  # fmt: skip
 
 
-def completions(model, body):
-    text, finish, usage = model.complete(body.get("prompt"), body.get("max_tokens", 16), body.get("temperature", 0))
-    return {**base(model, "text_completion"), "choices": [{"text": text, "index": 0, "finish_reason": finish}],
-            "usage": usage}  # fmt: skip
+def whole(model, chat, text, finish, usage):
+    """OpenAI's text_completion or chat.completion."""
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+        return {**base(model, "chat.completion"), "choices": [choice], "usage": usage}
+    choice = {"text": text, "index": 0, "finish_reason": finish}
+    return {**base(model, "text_completion"), "choices": [choice], "usage": usage}
 
 
-def chat(model, body):
-    prompt = chat_prompt(body.get("messages"))
-    text, finish, usage = model.complete(prompt, body.get("max_tokens", 16), body.get("temperature", 0))
-    message = {"role": "assistant", "content": text}
-    return {**base(model, "chat.completion"), "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": usage}  # fmt: skip
+def chunks(model, chat, first, pieces, options):
+    """OpenAI's streaming chunks for a completion whose first piece is `first` (or None)."""
+    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text, finish=None, role=False):
+        if chat:
+            delta = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        else:
+            choice = {"text": text, "index": 0, "finish_reason": finish}
+        return {**base(model, kind, request_id), "choices": [choice]}
+
+    try:
+        if chat:
+            yield chunk("", role=True)
+        if first is not None:
+            yield chunk(first)
+        while True:
+            try:
+                yield chunk(next(pieces))
+            except StopIteration as done:
+                finish, usage = done.value if done.value else ("stop", None)
+                break
+        yield chunk("", finish)
+        if options.include_usage and usage:
+            yield {**base(model, kind, request_id), "choices": [], "usage": usage}
+    finally:
+        pieces.close()  # the reader went away: stop generating
 
 
 def predict(model, body):
@@ -182,7 +340,8 @@ def predict(model, body):
             instance = {"prompt": instance}
         if not isinstance(instance, dict):
             raise BadRequest("each instance is a prompt or {prompt, max_tokens}", "instances")
-        text, _, _ = model.complete(instance.get("prompt"), instance.get("max_tokens", 16), 0)
+        options = Options({"max_tokens": instance.get("max_tokens", 16), "_path": "/v1/completions"})
+        text, _, _ = model.complete(instance.get("prompt"), options)
         predictions.append(text)
     return {"predictions": predictions, "deployedModelId": model.version}
 

@@ -12,9 +12,22 @@ balancer (each writes its own samples; the autoscaler sums them per interval).
     POST /<project>/<endpoint>/v1/completions | /v1/chat/completions   (OpenAI's protocol)
     POST /<project>/<endpoint>:predict   {"instances": [...]} -> {"predictions": [...], "deployedModelId"}
 
-`Authorization: Bearer <console API token>`. Requests go to the routed (READY) replica with the fewest
-in flight (least connections); one that refuses a connection is skipped for a few seconds and the
-request is retried on another, so a replica that stops between refreshes costs no failed request.
+`Authorization: Bearer <console API token>`: a missing, invalid or expired token is a 401 (OpenAI's
+invalid_api_key, which the SDK raises as AuthenticationError); a valid token of another project gets
+404, as on every other surface. A request's `model` must be one of the endpoint's names (its own name,
+the model version it serves as name:vN, or name@alias when it follows an alias; /v1/models lists
+them), else 404 model_not_found; it is rewritten to the name the replica serves. `stream: true` is
+passed through as server-sent events, unbuffered; every replica's /health is probed every
+ROUTER_HEALTH_SECONDS, and one that fails ROUTER_HEALTH_EJECT_AFTER probes in a row is routed no
+request until a probe passes again; a client that goes away closes the replica's stream,
+which stops the generation. Requests go to the routed (READY) replica with the fewest in flight (least
+connections), at most ROUTER_REPLICA_CONCURRENCY each; when every replica is full a request waits in
+the endpoint's bounded queue (ROUTER_QUEUE_PER_REPLICA per replica, up to ROUTER_QUEUE_SECONDS), and
+when the queue is full too it is answered 429 with Retry-After at once, in OpenAI's shape (the SDK's
+RateLimitError, which it retries after that delay). Only a request that never reached a replica (its
+connection was refused or could not be made) is retried on another, and that replica is skipped for a
+few seconds; one that may have started (reset or timed out after sending) is answered 502 or 504,
+never sent twice.
 Every ROUTER_SAMPLE_SECONDS each endpoint's requests, errors (5xx and unreachable replicas),
 p50/p95 latency, mean requests in flight (Little's law over the interval) and routed replicas are
 written as an EndpointSample; the endpoint page charts them and the autoscaler reads them.
@@ -28,7 +41,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from aiohttp import ClientConnectionError, ClientSession, ClientTimeout, web
+from aiohttp import ClientConnectionError, ClientConnectorError, ClientSession, ClientTimeout, TCPConnector, web
 from django.conf import settings
 from django.utils import timezone
 
@@ -45,6 +58,8 @@ class Route:
     project_id: int
     replicas: list  # [(replica id, url, version "name:vN")]
     version: str = ""
+    name: str = ""  # what the replicas serve (the endpoint's name): every request's model is rewritten to it
+    names: tuple = ()  # the models a client may ask for
 
 
 @dataclass
@@ -60,6 +75,60 @@ def percentile(values, fraction):
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+class Metrics:
+    """The router's figures in Prometheus' text format (GET /metrics with METRICS_TOKEN_FILE's token):
+    requests by endpoint and HTTP code, latency and time-to-first-token histograms, prompt and
+    completion tokens (from the answers' usage), requests in flight per replica and queued per endpoint."""
+
+    SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+    def __init__(self, router):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.router, self.registry = router, CollectorRegistry()
+        labels = ["project", "endpoint"]
+        self.requests = Counter("tcc_router_requests", "Requests answered, by HTTP code", [*labels, "code"],
+                                registry=self.registry)  # fmt: skip
+        self.latency = Histogram("tcc_router_request_seconds", "Time to the whole answer (streams: to their end)",
+                                 labels, buckets=self.SECONDS, registry=self.registry)  # fmt: skip
+        self.first_token = Histogram("tcc_router_time_to_first_token_seconds", "Streams: time to the first chunk",
+                                     labels, buckets=self.SECONDS, registry=self.registry)  # fmt: skip
+        self.tokens = Counter("tcc_router_tokens", "Tokens in prompts and completions (answers' usage)",
+                              [*labels, "kind"], registry=self.registry)  # fmt: skip
+        self.in_flight = Gauge("tcc_router_in_flight", "Requests in flight per replica", ["replica"],
+                               registry=self.registry)  # fmt: skip
+        self.queued = Gauge("tcc_router_queued", "Requests waiting for a free replica, per endpoint", ["endpoint_id"],
+                            registry=self.registry)  # fmt: skip
+
+    def count_usage(self, project, endpoint, body):
+        try:
+            usage = json.loads(body).get("usage") or {}
+        except (ValueError, AttributeError):
+            return
+        for kind in ("prompt_tokens", "completion_tokens"):
+            if isinstance(usage.get(kind), int):
+                self.tokens.labels(project, endpoint, kind.removesuffix("_tokens")).inc(usage[kind])
+
+    def text(self):
+        from prometheus_client import generate_latest
+
+        self.in_flight.clear()
+        for replica_id, count in self.router.in_flight.items():
+            self.in_flight.labels(str(replica_id)).set(count)
+        self.queued.clear()
+        for endpoint_id, count in self.router.waiting.items():
+            self.queued.labels(str(endpoint_id)).set(count)
+        return generate_latest(self.registry)
+
+
+def metrics_token():
+    """The scrape token, or "" when /metrics is off."""
+    from pathlib import Path
+
+    path = settings.METRICS_TOKEN_FILE
+    return Path(path).read_text().strip() if path and Path(path).is_file() else ""
 
 
 class TokenCache:
@@ -96,11 +165,16 @@ class Router:
     def __init__(self):
         self.routes = {}  # (project slug, endpoint name) -> Route
         self.in_flight = {}  # replica id -> requests in flight
+        self.waiting = {}  # endpoint id -> requests queued for a free replica
+        self.failed_probes = {}  # replica id -> /health failures in a row
+        self.ejected = set()  # replica ids out of the routing until their /health passes again
+        self.freed = {}  # endpoint id -> asyncio.Condition, notified when one of its requests ends
         self.suspect = {}  # replica id -> monotonic time until which it is skipped
         self.stats = {}  # endpoint id -> Stats
         self.tokens = TokenCache(settings.ROUTER_TOKEN_CACHE_SIZE, settings.ROUTER_TOKEN_CACHE_SECONDS)
         self.session = None
         self.interval_started = time.monotonic()
+        self.metrics = Metrics(self)
 
     # -- the console's database, in a thread --------------------------------------------------
 
@@ -114,9 +188,11 @@ class Router:
         ):  # fmt: skip
             replicas.setdefault(endpoint_id, []).append((replica_id, f"http://{host}:{port}", version))
         for endpoint in endpoints:
+            served = endpoint.serving.ref if endpoint.serving else ""
+            names = (endpoint.name, served, f"{endpoint.model_name}@{endpoint.alias}" if endpoint.alias else "")
             routes[(endpoint.project.slug, endpoint.name)] = Route(
-                endpoint.pk, endpoint.project_id, replicas.get(endpoint.pk, []),
-                endpoint.serving.ref if endpoint.serving else "",
+                endpoint.pk, endpoint.project_id, replicas.get(endpoint.pk, []), served, endpoint.name,
+                tuple(n for n in names if n),
             )  # fmt: skip
         return routes
 
@@ -152,6 +228,38 @@ class Router:
                 log.exception("could not read the routing table")
             await asyncio.sleep(settings.ROUTER_REFRESH_SECONDS)
 
+    async def probe(self, replica_id, url):
+        try:
+            timeout = ClientTimeout(total=settings.ROUTER_HEALTH_SECONDS)
+            async with self.session.get(url + "/health", timeout=timeout) as answer:
+                healthy = answer.status == 200
+        except (TimeoutError, ClientConnectionError):
+            healthy = False
+        if healthy:
+            self.failed_probes.pop(replica_id, None)
+            if replica_id in self.ejected:
+                self.ejected.discard(replica_id)
+                log.info("replica %s passes /health again: routed", replica_id)
+            return
+        self.failed_probes[replica_id] = self.failed_probes.get(replica_id, 0) + 1
+        if self.failed_probes[replica_id] >= settings.ROUTER_HEALTH_EJECT_AFTER and replica_id not in self.ejected:
+            self.ejected.add(replica_id)
+            log.warning("replica %s failed /health %s times: ejected", replica_id, self.failed_probes[replica_id])
+
+    async def check_health(self):
+        """Probe every routed replica's /health once, all at once."""
+        replicas = {r[0]: r[1] for route in self.routes.values() for r in route.replicas}
+        await asyncio.gather(*(self.probe(replica_id, url) for replica_id, url in replicas.items()))
+        self.ejected &= set(replicas)  # forget replicas that left the table
+
+    async def health_forever(self):
+        while True:
+            await asyncio.sleep(settings.ROUTER_HEALTH_SECONDS)
+            try:
+                await self.check_health()
+            except Exception:
+                log.exception("could not probe the replicas")
+
     async def sample_forever(self):
         while True:
             await asyncio.sleep(settings.ROUTER_SAMPLE_SECONDS)
@@ -168,7 +276,8 @@ class Router:
 
     # -- requests -------------------------------------------------------------------------------
 
-    async def authorised(self, request, route):
+    async def token(self, request):
+        """(user id, {project ids}) of the request's token, or None for a missing or bad one."""
         header = request.headers.get("Authorization", "")
         scheme, _, raw = header.partition(" ")
         if scheme.lower() not in ("bearer", "token") or not raw:
@@ -177,22 +286,65 @@ class Router:
         if not hit:
             found = await asyncio.to_thread(self.check_token, raw)
             self.tokens.put(raw, found)
-        return found is not None and route.project_id in found[1]
+        return found
 
     def pick(self, route, tried):
-        now = time.monotonic()
-        choices = [r for r in route.replicas if r[0] not in tried and self.suspect.get(r[0], 0) < now]
-        if not choices:
-            choices = [r for r in route.replicas if r[0] not in tried]
-        if not choices:
+        """The least loaded replica not tried yet with room for one more request (a suspect one only
+        when no other has room), None when no replica is left to try, or FULL."""
+        now, limit = time.monotonic(), settings.ROUTER_REPLICA_CONCURRENCY
+        untried = [r for r in route.replicas if r[0] not in tried and r[0] not in self.ejected]
+        if not untried:
             return None
+        room = [r for r in untried if self.in_flight.get(r[0], 0) < limit]
+        if not room:
+            return FULL
+        choices = [r for r in room if self.suspect.get(r[0], 0) < now] or room
         return min(choices, key=lambda choice: self.in_flight.get(choice[0], 0))
 
-    async def forward(self, route, method, path, body):
-        """(status, JSON body, version) from a replica, retried on another one that accepts."""
+    async def take(self, route, tried):
+        """pick(), waiting in the endpoint's bounded queue while every replica is full: a replica,
+        None, or FULL when the queue is full or the wait ran out."""
+        chosen = self.pick(route, tried)
+        if chosen is not FULL:
+            return chosen
+        key = route.endpoint_id
+        if self.waiting.get(key, 0) >= settings.ROUTER_QUEUE_PER_REPLICA * len(route.replicas):
+            return FULL
+        freed = self.freed.setdefault(key, asyncio.Condition())
+        deadline = time.monotonic() + settings.ROUTER_QUEUE_SECONDS
+        self.waiting[key] = self.waiting.get(key, 0) + 1
+        try:
+            async with freed:
+                while (chosen := self.pick(route, tried)) is FULL:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return FULL
+                    try:
+                        await asyncio.wait_for(freed.wait(), remaining)
+                    except TimeoutError:
+                        return FULL
+            return chosen
+        finally:
+            self.waiting[key] -= 1
+
+    async def release(self, route, replica_id):
+        self.in_flight[replica_id] -= 1
+        freed = self.freed.get(route.endpoint_id)
+        if freed is not None and self.waiting.get(route.endpoint_id):
+            async with freed:
+                freed.notify()
+
+    async def forward(self, route, method, path, body, stream_to=None, on_first=None):
+        """(status, JSON body, version) from a replica. Retried on another replica only when the request
+        never reached one (connecting failed); after that, a reset or a timeout is a 502 or 504, since
+        the replica may have started the work. With `stream_to` (the client's request), a 200 is
+        relayed as it comes and the body returned is that StreamResponse."""
         tried = set()
         for _ in range(max(1, min(3, len(route.replicas)))):
-            chosen = self.pick(route, tried)
+            chosen = await self.take(route, tried)
+            if chosen is FULL:
+                message = f"every replica of this endpoint is busy and its queue is full; retry after {retry_after()} s"
+                return failure(message, 429, code="rate_limit_exceeded")
             if chosen is None:
                 break
             replica_id, url, version = chosen
@@ -201,21 +353,51 @@ class Router:
             try:
                 async with self.session.request(method, url + path, data=body,
                                                 headers={"Content-Type": "application/json"}) as answer:  # fmt: skip
-                    payload = await answer.read()
                     # vLLM's answers do not name the version; the table does.
-                    return answer.status, payload, answer.headers.get("X-Model-Version") or version
-            except (TimeoutError, ClientConnectionError):
+                    version = answer.headers.get("X-Model-Version") or version
+                    if stream_to is not None and answer.status == 200:
+                        return answer.status, await relay(answer, stream_to, version, on_first), version
+                    return answer.status, await answer.read(), version
+            except ClientConnectorError:  # nothing was sent: another replica may take it
                 self.suspect[replica_id] = time.monotonic() + 5
                 continue
+            except TimeoutError:
+                return failure("the replica did not answer in time", 504)
+            except ClientConnectionError:
+                return failure("the replica closed the connection", 502)
             finally:
-                self.in_flight[replica_id] -= 1
+                await self.release(route, replica_id)
         return failure("no replica of this endpoint is serving yet", 503)
+
+    def models(self, route):
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "tcc"} for name in route.names]
+        return 200, json.dumps({"object": "list", "data": data}).encode(), route.version
+
+    def rewrite(self, route, raw):
+        """(body for the replica, stream?) or a refusal (status, body, version): `model` must be one of
+        the endpoint's names and becomes the one the replicas serve."""
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError:
+            return failure("the body must be JSON", 400)
+        if not isinstance(body, dict):
+            return failure("the body must be a JSON object", 400)
+        asked = body.get("model", route.name)
+        if asked not in route.names:
+            message = f"The model `{asked}` does not exist on this endpoint; use one of: {', '.join(route.names)}"
+            return failure(message, 404, param="model", code="model_not_found")
+        body["model"] = route.name
+        return json.dumps(body).encode(), body.get("stream") is True
 
     async def handle(self, request):
         started = time.monotonic()
         project, name, rest = request.match_info["project"], request.match_info["endpoint"], request.match_info["rest"]
+        token = await self.token(request)
+        if token is None:
+            message = "Incorrect API key provided: use a console API token (Authorization: Bearer ...)"
+            return json_response(401, error_body(message, 401, code="invalid_api_key"))
         route = self.routes.get((project, name))
-        if route is None or not await self.authorised(request, route):
+        if route is None or route.project_id not in token[1]:
             return json_response(404, error_body("no such endpoint", 404))
         stats = self.stats.setdefault(route.endpoint_id, Stats())
         status = 500
@@ -223,12 +405,29 @@ class Router:
             if rest == ":predict" and request.method == "POST":
                 status, body, version = await self.predict(route, await request.read())
             elif rest in ("/v1/completions", "/v1/chat/completions") and request.method == "POST":
-                status, body, version = await self.forward(route, "POST", rest, await request.read())
+                rewritten = self.rewrite(route, await request.read())
+                if len(rewritten) == 3:
+                    status, body, version = rewritten
+                else:
+                    payload, streaming = rewritten
+
+                    def first_chunk():
+                        self.metrics.first_token.labels(project, name).observe(time.monotonic() - started)
+
+                    status, body, version = await self.forward(
+                        route, "POST", rest, payload, stream_to=request if streaming else None, on_first=first_chunk
+                    )
+                    if isinstance(body, web.StreamResponse):  # relayed as it came
+                        return body
+                    if status == 200:
+                        self.metrics.count_usage(project, name, body)
             elif rest == "/v1/models" and request.method == "GET":
-                status, body, version = await self.forward(route, "GET", rest, None)
+                status, body, version = self.models(route)
             else:
                 status, body, version = failure("no such path", 404)
             response = web.Response(status=status, body=body, content_type="application/json")
+            if status == 429:
+                response.headers["Retry-After"] = str(retry_after())
             if version:
                 response.headers["X-Model-Version"] = version
             return response
@@ -239,6 +438,23 @@ class Router:
             stats.latencies.append(elapsed * 1000)
             if status >= 500:
                 stats.errors += 1
+            self.metrics.requests.labels(project, name, str(status)).inc()
+            self.metrics.latency.labels(project, name).observe(elapsed)
+
+    async def scrape(self, request):
+        """GET /metrics: Prometheus' text format, for the bearer METRICS_TOKEN_FILE holds (404 without one)."""
+        import hmac
+
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        expected = metrics_token()
+        if not expected:
+            return json_response(404, error_body("no such path", 404))
+        given = request.headers.get("Authorization", "").partition(" ")[2]
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return json_response(401, error_body("/metrics needs the scrape token", 401, code="invalid_api_key"))
+        body = await asyncio.to_thread(self.metrics.text)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def predict(self, route, raw):
         """The managed service's :predict on the replicas' /v1/completions: each instance one completion."""
@@ -268,9 +484,17 @@ class Router:
         return 200, json.dumps({"predictions": predictions, "deployedModelId": version}).encode(), version
 
     async def start(self, app):
-        self.session = ClientSession(timeout=ClientTimeout(total=settings.ROUTER_REQUEST_TIMEOUT, connect=3))
+        # One pool for every replica: ROUTER_MAX_CONNECTIONS at once (aiohttp's default is 100, which
+        # queued the 101st concurrent request), kept alive between requests.
+        connector = TCPConnector(limit=settings.ROUTER_MAX_CONNECTIONS, limit_per_host=0, keepalive_timeout=30)
+        timeout = ClientTimeout(total=settings.ROUTER_REQUEST_TIMEOUT, sock_connect=settings.ROUTER_CONNECT_TIMEOUT)
+        self.session = ClientSession(connector=connector, timeout=timeout)
         self.routes = await asyncio.to_thread(self.load_routes)
-        app["tasks"] = [asyncio.create_task(self.refresh_forever()), asyncio.create_task(self.sample_forever())]
+        app["tasks"] = [
+            asyncio.create_task(self.refresh_forever()),
+            asyncio.create_task(self.sample_forever()),
+            asyncio.create_task(self.health_forever()),
+        ]
 
     async def stop(self, app):
         for task in app["tasks"]:
@@ -278,18 +502,47 @@ class Router:
         await self.session.close()
 
 
-STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE"}
+FULL = "full"  # pick() and take(): every replica has ROUTER_REPLICA_CONCURRENCY requests
+STATUS = {
+    400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED",
+    502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED",
+}  # fmt: skip
 
 
-def error_body(message, code):
-    """OpenAI's error shape, with google.rpc's code and status beside it (the :predict callers' shape)."""
-    return {"error": {"message": message, "type": "invalid_request_error" if code == 400 else "api_error",
-                      "code": code, "status": STATUS.get(code, "INTERNAL")}}  # fmt: skip
+def retry_after():
+    """Seconds a client refused with 429 should wait: a tenth of the longest queue wait."""
+    return max(1, round(settings.ROUTER_QUEUE_SECONDS / 10))
 
 
-def failure(message, code):
+def error_body(status, http, param=None, code=None):
+    """OpenAI's error shape (message, type, param, code), with google.rpc's status beside it (the
+    :predict callers' shape)."""
+    kind = {429: "requests"}.get(http, "invalid_request_error" if http in (400, 401, 404) else "api_error")
+    return {"error": {"message": status, "type": kind, "param": param, "code": code or http,
+                      "status": STATUS.get(http, "INTERNAL")}}  # fmt: skip
+
+
+def failure(message, http, param=None, code=None):
     """(status, body, version) of a refusal the router answers itself."""
-    return code, json.dumps(error_body(message, code)).encode(), ""
+    return http, json.dumps(error_body(message, http, param, code)).encode(), ""
+
+
+async def relay(answer, request, version, on_first=None):
+    """The replica's 200 (server-sent events) to the client as it comes: a StreamResponse. A client
+    that goes away cancels this handler; leaving `answer` closes the replica's connection, and the
+    replica stops generating."""
+    response = web.StreamResponse(status=200, headers={"Content-Type": answer.headers.get("Content-Type", "")})
+    response.headers["Cache-Control"] = "no-cache"
+    if version:
+        response.headers["X-Model-Version"] = version
+    await response.prepare(request)
+    async for data in answer.content.iter_any():
+        if on_first is not None:
+            on_first()
+            on_first = None
+        await response.write(data)
+    await response.write_eof()
+    return response
 
 
 def json_response(status, body):
@@ -299,6 +552,7 @@ def json_response(status, body):
 def application():
     router = Router()
     app = web.Application(client_max_size=1 << 20)
+    app.router.add_get("/metrics", router.scrape)
     app.router.add_route("*", r"/{project:[a-z0-9-]+}/{endpoint:[a-z0-9-]+}{rest:(:predict|/.*)}", router.handle)
     app.on_startup.append(router.start)
     app.on_cleanup.append(router.stop)

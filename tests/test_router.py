@@ -1,0 +1,248 @@
+"""The router's promises that need no cluster: a real replica process (recipes/node/serve.py on a tiny
+model) and a socket that dies mid-request stand behind an in-process router with alice's real token.
+A request that reached a replica is never sent again; one that never reached any is retried on
+another; an expired token is a 401, another project's a 404 (the live endpoint with the official
+SDK: test_endpoints.py)."""
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from django.utils import timezone
+
+from console.models import APIToken
+from recipes.serving import router as routing
+
+from .conftest import wait_until
+from .factories import tiny_model
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory):
+    """recipes/node/serve.py on a tiny model, as a replica's job runs it."""
+    folder = tmp_path_factory.mktemp("replica")
+    model = tiny_model(folder / "model")
+    announce = folder / "announce.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "recipes.node.serve", "--model", str(model), "--served-name", "chat",
+         "--version", "tiny:v1", "--announce", str(announce)],
+        stdout=subprocess.DEVNULL, stderr=(folder / "serve.log").open("w"),
+    )  # fmt: skip
+    wait_until(announce.exists, timeout=60, message="the replica to announce itself")
+    yield f"http://127.0.0.1:{json.loads(announce.read_text())['port']}"
+    process.terminate()
+    process.wait(timeout=20)
+
+
+class Dying(threading.Thread):
+    """A 'replica' that reads each request and closes the connection without answering."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port, self.requests = self.server.getsockname()[1], 0
+
+    def run(self):
+        while True:
+            connection, _ = self.server.accept()
+            connection.recv(65536)
+            self.requests += 1
+            connection.close()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again: a connection there is refused
+
+
+def through(alpha, replicas, requests):
+    """Run `requests` (async callables of a TestClient) against a router whose table holds `replicas`."""
+
+    async def main():
+        app = routing.application()
+        app.on_startup.clear()  # the table is the test's; the pool as start() makes it
+        router = app["router"]
+
+        async def pool(_app):
+            await routing.Router.start(router, _app)
+            for task in _app["tasks"]:  # no refresh from the database: the table is the test's
+                task.cancel()
+            router.routes = {("alpha", "chat"): routing.Route(1, alpha.pk, replicas, "tiny:v1", "chat", ("chat",))}
+
+        app.on_startup.append(pool)
+        async with TestClient(TestServer(app)) as client:
+            return [await request(client) for request in requests]
+
+    return asyncio.run(main())
+
+
+def completion(token, body=None):
+    async def send(client):
+        answer = await client.post("/alpha/chat/v1/completions", json=body or {"model": "chat", "prompt": "hi",
+                                   "max_tokens": 3}, headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        return answer.status, await answer.json()
+
+    return send
+
+
+def test_a_request_a_replica_may_have_started_is_never_sent_to_another(alpha, alice, replica):
+    _, token = APIToken.issue(alice, "router")
+    dying = Dying()
+    dying.start()
+    [(status, body)] = through(alpha, [(1, f"http://127.0.0.1:{dying.port}", "tiny:v1"), (2, replica, "tiny:v1")],
+                               [completion(token)])  # fmt: skip
+    assert (status, body["error"]["message"]) == (502, "the replica closed the connection")
+    assert dying.requests == 1  # and the healthy replica never saw it (a retry would have answered 200)
+
+
+def test_a_request_no_replica_received_is_retried_on_another(alpha, alice, replica):
+    _, token = APIToken.issue(alice, "router")
+    refused = (1, f"http://127.0.0.1:{free_port()}", "tiny:v1")
+    answers = through(alpha, [refused, (2, replica, "tiny:v1")], [completion(token), completion(token)])
+    assert [status for status, _ in answers] == [200, 200]
+    assert answers[0][1]["model"] == "chat" and answers[0][1]["system_fingerprint"] == "tiny:v1"
+
+
+def test_tokens_and_models_are_refused_in_openais_shape(alpha, alice, charlie, charlies_project, replica):
+    _, token = APIToken.issue(alice, "router")
+    _, expired = APIToken.issue(alice, "old", expires=timezone.now() - timedelta(minutes=1))
+    _, charlies = APIToken.issue(charlie, "charlie")
+    answers = through(alpha, [(2, replica, "tiny:v1")], [
+        completion(expired), completion("tcc_made_up"), completion(charlies),
+        completion(token, {"model": "gpt-4", "prompt": "hi"}), completion(token, {"prompt": "hi", "max_tokens": 2}),
+    ])  # fmt: skip
+    assert [status for status, _ in answers] == [401, 401, 404, 404, 200]
+    assert answers[0][1]["error"]["code"] == "invalid_api_key"
+    assert answers[3][1]["error"] | {"message": ""} == {
+        "message": "", "type": "invalid_request_error", "param": "model", "code": "model_not_found",
+        "status": "NOT_FOUND",
+    }  # fmt: skip
+
+
+class Slow(threading.Thread):
+    """A 'replica' that answers every request after `seconds`, one connection per thread."""
+
+    def __init__(self, seconds):
+        super().__init__(daemon=True)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port, self.seconds, self.most, self.now = self.server.getsockname()[1], seconds, 0, 0
+        self.lock = threading.Lock()
+
+    def run(self):
+        while True:
+            connection, _ = self.server.accept()
+            threading.Thread(target=self.answer, args=(connection,), daemon=True).start()
+
+    def answer(self, connection):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        connection.recv(65536)
+        time.sleep(self.seconds)
+        body = b'{"object": "text_completion", "model": "chat", "choices": []}'
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                           + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)  # fmt: skip
+        connection.close()
+        with self.lock:
+            self.now -= 1
+
+
+def test_past_its_replicas_room_and_queue_a_request_gets_429_with_retry_after_at_once(alpha, alice, settings):
+    settings.ROUTER_REPLICA_CONCURRENCY, settings.ROUTER_QUEUE_PER_REPLICA, settings.ROUTER_QUEUE_SECONDS = 2, 2, 30
+    _, token = APIToken.issue(alice, "router")
+    slow = Slow(1.0)
+    slow.start()
+
+    async def burst(client):
+        async def one():
+            started = time.monotonic()
+            answer = await client.post("/alpha/chat/v1/completions", json={"model": "chat", "prompt": "hi"},
+                                       headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+            return answer.status, answer.headers.get("Retry-After"), await answer.json(), time.monotonic() - started
+
+        return await asyncio.gather(*(one() for _ in range(7)))
+
+    [answers] = through(alpha, [(1, f"http://127.0.0.1:{slow.port}", "tiny:v1")], [burst])
+    served = [a for a in answers if a[0] == 200]
+    refused = [a for a in answers if a[0] == 429]
+    assert (len(served), len(refused)) == (4, 3)  # 2 at once on the replica, 2 queued; the rest refused
+    assert slow.most == 2  # the replica never had more than its limit
+    assert all(retry == "3" and seconds < 0.5 for _, retry, _, seconds in refused)  # at once, with a delay
+    assert refused[0][2]["error"]["code"] == "rate_limit_exceeded"
+    assert max(seconds for *_, seconds in served) >= 2.0  # the queued two waited for a free slot
+
+
+def test_a_replica_failing_health_is_ejected_and_routed_again_once_it_passes(alpha, settings, replica):
+    settings.ROUTER_HEALTH_EJECT_AFTER = 2
+    port = free_port()
+    quiet = (1, f"http://127.0.0.1:{port}", "tiny:v1")
+
+    async def main():
+        router, app = routing.Router(), {}
+        await router.start(app)
+        for task in app["tasks"]:  # the test probes by hand
+            task.cancel()
+        router.routes = {("alpha", "chat"): routing.Route(1, alpha.pk, [quiet, (2, replica, "tiny:v1")], "tiny:v1",
+                                                          "chat", ("chat",))}  # fmt: skip
+        seen = []
+        await router.check_health()
+        seen.append((set(router.ejected), router.pick(router.routes[("alpha", "chat")], set())[0]))
+        await router.check_health()  # the second failure in a row
+        seen.append((set(router.ejected), router.pick(router.routes[("alpha", "chat")], {2})))
+        # Something answers /health on the quiet replica's port again: one passing probe routes it.
+        server = await asyncio.start_server(health_ok, "127.0.0.1", port)
+        await router.check_health()
+        seen.append((set(router.ejected), router.pick(router.routes[("alpha", "chat")], {2})[0]))
+        server.close()
+        await router.session.close()
+        return seen
+
+    first, second, third = asyncio.run(main())
+    assert first == (set(), 1)  # one failure is not enough (the least loaded, first replica, is picked)
+    assert second == ({1}, None)  # ejected: with the healthy one tried, nothing is left to pick
+    assert third == (set(), 1)
+
+
+async def health_ok(reader, writer):
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+    await writer.drain()
+    writer.close()
+
+
+def test_prometheus_scrapes_the_routers_figures_with_its_token_only(alpha, alice, replica, settings, tmp_path):
+    _, token = APIToken.issue(alice, "router")
+    secret = tmp_path / "metrics-token"
+    secret.write_text("scrape-me\n")
+    settings.METRICS_TOKEN_FILE = str(secret)
+
+    def scrape(header):
+        async def get(client):
+            answer = await client.get("/metrics", headers={"Authorization": header} if header else {})
+            return answer.status, await answer.text()
+
+        return get
+
+    body = {"model": "chat", "prompt": "hi", "max_tokens": 3}
+    answers = through(alpha, [(2, replica, "tiny:v1")], [
+        completion(token, body), completion(token, {**body, "model": "nope"}), scrape("Bearer scrape-me"),
+        scrape("Bearer guess"), scrape(None),
+    ])  # fmt: skip
+    assert [status for status, _ in answers] == [200, 404, 200, 401, 401]
+    text = answers[2][1]
+    assert 'tcc_router_requests_total{code="200",endpoint="chat",project="alpha"} 1.0' in text
+    assert 'tcc_router_requests_total{code="404",endpoint="chat",project="alpha"} 1.0' in text
+    assert 'tcc_router_tokens_total{endpoint="chat",kind="completion",project="alpha"}' in text
+    assert 'tcc_router_request_seconds_bucket{endpoint="chat",le="120.0",project="alpha"} 2.0' in text
+    settings.METRICS_TOKEN_FILE = ""
+    assert through(alpha, [], [scrape("Bearer scrape-me")])[0][0] == 404  # off unless a token is set
