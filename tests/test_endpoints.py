@@ -317,6 +317,8 @@ def test_an_endpoint_goes_on_the_live_cluster_of_its_name_never_a_deleted_one(al
                               "model": deployable, "version": 1}, format="json")  # fmt: skip
     assert response.status_code == 201, response.content
     assert Endpoint.objects.get().cluster == live
+    # The deploy is on the cluster's timeline too.
+    assert live.events.filter(message__startswith="Endpoint chat: Created: ").exists()
 
 
 @pytest.mark.django_db

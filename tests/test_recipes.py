@@ -130,6 +130,9 @@ def test_the_catalog_has_llama_and_gemma_recipes_of_every_kind():
         ({"recipe": "llama3.1-8b-cpt"}, "init_from", "a registered model (name:vN or name@alias)"),
         ({"register_as": "Not A Name"}, "register_as", "must be 1-63 lowercase letters, digits or hyphens"),
         ({"register": "maybe"}, "register", "must be true or false"),
+        ({"alias": "Prod Uction"}, "alias", "an alias is lowercase letters"),
+        ({"alias": "production", "register": "false"}, "alias", "this run does not register"),
+        ({"stall_minutes": "0"}, "stall_minutes", "from 1 to 1440"),
         ({"recipe": "llama3.1-8b-sft"}, "init_from", "fine-tuning starts from a run of this project"),
         ({"recipe": "llama3.1-8b-grpo", "nodes": 1}, "init_from", "RL starts from a run of this project"),
         ({"recipe": "llama3.1-8b-dpo", "nodes": 2}, "nodes", "trains in one process, on one node"),
@@ -612,7 +615,7 @@ def test_the_launch_page_shows_the_layout_and_the_memory_estimate_before_submit(
             "init_from": "", "dataset": ""}  # fmt: skip
     page = client.post("/clusters/rlab/train/runs/new/", form).content.decode()
     assert "2 nodes x 2 ranks: 2 data-parallel (FSDP2) x 2 tensor-parallel" in page
-    assert "memory per GPU, estimated:" in page and "(no GPU: trains on CPU)" in page
+    assert "memory per rank, estimated:" in page and "(no GPU: trains on CPU)" in page
     assert "#SBATCH --ntasks-per-node=2" in page and "--gpus-per-node" not in page
     assert not Run.objects.exists()  # a preview submits nothing
     refused = client.post("/clusters/rlab/train/runs/new/", {**form, "nodes": "1", "dataset": "none.csv"})

@@ -193,8 +193,10 @@ def test_runs_register_themselves_and_their_versions_outlive_the_cluster(
         mlflow = registry.client()
         assert [m.step for m in mlflow.get_metric_history(first.mlflow_run_id, "loss")] == list(range(1, 7))
         assert mlflow.get_run(first.mlflow_run_id).data.params["recipe"] == "llama3.1-8b-pretrain"
-        v2 = registered(trained(tiny))
+        v2 = registered(trained({**tiny, "alias": "staging"}))  # its launch moves an alias to it
         assert v2.version == 2
+        wait_until(lambda: registry.resolve(v2.project, f"{name}@staging") == v2, timeout=30,
+                   message="the alias to move")  # fmt: skip
 
         # production -> v1; SFT starts from the alias and its version names v1 as its parent.
         registry.set_alias(v1.project, name, "production", 1)

@@ -465,7 +465,13 @@ def track_and_register(run_id):
     if not Run.objects.filter(pk=run.pk, auto_registered=False).update(auto_registered=True):
         return  # registered already (or being registered by another worker)
     try:
-        register_run(run, name, user=run.created_by, automatic=True)
+        version = register_run(run, name, user=run.created_by, automatic=True)
+        alias = (run.config or {}).get("alias")
+        if alias:
+            set_alias(run.cluster.project, name, alias, version.version, user=run.created_by)
+            record_event(
+                run.cluster, f"Run {run.recipe_id} registered as {version.ref}; {name}@{alias} now points at it"
+            )
     except RegistryUnavailable:
         Run.objects.filter(pk=run.pk).update(auto_registered=False)  # the retry registers it
         raise

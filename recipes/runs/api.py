@@ -64,6 +64,11 @@ class LaunchSerializer(serializers.Serializer):
     register_as = serializers.CharField(
         required=False, help_text="The model it registers as (default: the recipe's id, e.g. llama3-1-8b-sft)"
     )
+    alias = serializers.CharField(
+        required=False,
+        help_text="Move this alias of the model to the version the run registers (e.g. production: an endpoint "
+        "that follows it rolls to the new version)",
+    )
     stall_minutes = serializers.IntegerField(
         required=False, help_text="Alert when the running run logs no metrics line for this long (default 30)"
     )

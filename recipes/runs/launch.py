@@ -111,6 +111,7 @@ def validate_launch(cluster, data, *, stage=True):
                 "use more nodes (a larger data-parallel group shards more of it)"
             )
     register_as = registration(recipe, data, errors) if recipe else None
+    alias = alias_option(data, register_as, errors)
     watch = watch_options(data, errors)
     dataset = data.get("dataset") or None  # the page's form sends "" for "the recipe's own"
     if dataset is not None and recipe and not errors:
@@ -139,8 +140,22 @@ def validate_launch(cluster, data, *, stage=True):
         "estimate": estimate.as_dict(),
         "dataset": dataset,
         "register_as": register_as,
+        "alias": alias,
         "watch": watch,
     }
+
+
+def alias_option(data, register_as, errors):
+    """`alias`: the model's alias to move to the version the run registers as (e.g. production, so
+    an endpoint that follows it rolls to the new version); only with a registration."""
+    alias = (data.get("alias") or "").strip()
+    if not alias:
+        return ""
+    if not registry.ALIAS.match(alias) or alias == "latest":
+        errors["alias"] = [registry.ALIAS_RULE]
+    elif not register_as and "register" not in errors and "register_as" not in errors:
+        errors["alias"] = ["an alias is set on the version the run registers; this run does not register"]
+    return alias
 
 
 def watch_options(data, errors):
@@ -346,6 +361,8 @@ def resolve_config(launch, work_dir, runtime):
     config.update(recipe.get("rl") or {})  # the RL algorithm (dpo, grpo) and GRPO's reward
     if launch["register_as"]:
         config["register_as"] = launch["register_as"]  # the console's; train.py does not read it
+    if launch.get("alias"):
+        config["alias"] = launch["alias"]  # moved to the registered version (registry/versions.py)
     if isinstance(launch["init_from"], HubFolder):
         folder = launch["init_from"]
         config["init_from_hf"] = f"{clusters.shared_dir(launch['cluster'])}/{folder.path}"

@@ -20,7 +20,7 @@ from ..catalog import recipes
 from ..models import ModelVersion, Run
 from . import tensorboard
 
-FIELDS = ("recipe", "profile", "partition", "nodes", "steps", "init_from", "dataset")
+FIELDS = ("recipe", "profile", "partition", "nodes", "steps", "init_from", "dataset", "alias")
 
 
 def cluster_for(request, project, name, permission=access.GET):

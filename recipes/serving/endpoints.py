@@ -23,6 +23,7 @@ from django.db import transaction
 from django.http import Http404
 from django.utils import timezone
 
+from clusters.events import record_event
 from clusters.models import Cluster
 from clusters.spec.validator import ID_RULE, RESOURCE_ID
 from console.errors import Conflict, FieldErrors
@@ -36,7 +37,9 @@ MAX_REPLICAS = 16
 
 
 def event(endpoint, message):
+    """On the endpoint's timeline and its cluster's: what serves on a cluster is part of its story."""
     EndpointEvent.objects.create(endpoint=endpoint, message=message)
+    record_event(endpoint.cluster, f"Endpoint {endpoint.name}: {message}")
 
 
 def whole(data, field, errors, low, high, default):
