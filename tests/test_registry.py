@@ -195,8 +195,16 @@ def test_runs_register_themselves_and_their_versions_outlive_the_cluster(
         assert mlflow.get_run(first.mlflow_run_id).data.params["recipe"] == "llama3.1-8b-pretrain"
         v2 = registered(trained({**tiny, "alias": "staging"}))  # its launch moves an alias to it
         assert v2.version == 2
-        wait_until(lambda: registry.resolve(v2.project, f"{name}@staging") == v2, timeout=30,
-                   message="the alias to move")  # fmt: skip
+
+        def moved():  # the version row is written before the alias moves: wait for both
+            from console.errors import FieldErrors
+
+            try:
+                return registry.resolve(v2.project, f"{name}@staging") == v2
+            except FieldErrors:
+                return False
+
+        wait_until(moved, timeout=30, message="the alias to move")
 
         # production -> v1; SFT starts from the alias and its version names v1 as its parent.
         registry.set_alias(v1.project, name, "production", 1)
