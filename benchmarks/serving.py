@@ -94,7 +94,7 @@ def serve_router(project, replicas):
 
             async def startup(_app):
                 await routing.Router.start(router, _app)
-                for task in _app["tasks"][:1]:  # no table from the database: this one
+                for task in _app["tasks"][:2]:  # no table from the database (this one), no samples: no endpoint row
                     task.cancel()
                 router.routes = {("bench", "chat"): routing.Route(1, project.pk, replicas, "tiny:v1", "chat",
                                                                   ("chat",))}  # fmt: skip
