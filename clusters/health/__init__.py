@@ -6,6 +6,8 @@ clusters/health/thresholds.json.
 """
 
 import json
+import os
+import socket
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
@@ -105,6 +107,17 @@ def value_problem(key, value, default):
     if key.endswith("fraction") and value > 1:
         return "must be a fraction between 0 and 1"
     return ""
+
+
+def this_node():
+    """The Slurm node this process runs on (slurmd sets SLURMD_NODENAME for jobs and the epilog)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def node_faults(context, node):
+    """The faults injected into `node` (clusters/health/faults.py), {} when none (or none can be)."""
+    path = Path(context.get("faults_dir", "/nonexistent")) / f"{node}.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def load_checks():

@@ -7,21 +7,19 @@ No Django here: the node only needs numpy and, for GPU checks, nvidia-smi / dcgm
 import importlib
 import json
 import os
-import socket
 import sys
 import threading
 import time
 from pathlib import Path
 
 from ..rendezvous import leave
-from . import COLLECTIVE, FAIL, load_checks
+from . import COLLECTIVE, FAIL, load_checks, node_faults, this_node
 
 
 def main(context_path, out_dir):
     context = json.loads(Path(context_path).read_text())
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    faults_file = Path(context.get("faults_dir", "/nonexistent")) / f"{node}.json"
-    context["faults"] = json.loads(faults_file.read_text()) if faults_file.exists() else {}
+    node = this_node()
+    context["faults"] = node_faults(context, node)
     checks = load_checks()
     if COLLECTIVE & set(context["checks"]):
         # torch takes seconds to import: do it while the node's own checks run (a node has cores to

@@ -232,9 +232,10 @@ def write_gpu_check(ctx, runtime, context):
         }
         for pool in cluster.node_pools.filter(role=NodeRole.COMPUTE)
     }
-    keep = ("backend", "thresholds", "faults_dir")
     shared = ctx.backend.shared_dir(cluster)
-    check = {**{k: context[k] for k in keep}, "thresholds": {}, "pools": pools, "checks": list(epilog.CHECKS)}
+    # The default thresholds (not this scan's overrides): the epilog judges every job the same way.
+    check = {"backend": context["backend"], "faults_dir": context["faults_dir"], "thresholds": {}, "pools": pools,
+             "checks": list(epilog.CHECKS)}  # fmt: skip
     agent.write(f"{GPU_CHECK}.json", json.dumps(check).encode(), mode=0o644)
     script = (
         "#!/bin/bash\n# The console's fast GPU checks after a job (clusters/health/epilog.py), written by each scan.\n"

@@ -22,6 +22,8 @@ FILES = [
     "clusters/health/__init__.py",
     "clusters/health/agent.py",
     "clusters/health/epilog.py",
+    "clusters/health/policy.py",
+    "clusters/health/policy.json",
     "clusters/health/thresholds.json",
     "clusters/health/xids.json",
     "clusters/health/checks/*.py",

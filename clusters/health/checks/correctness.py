@@ -27,10 +27,11 @@ def checksum(size, rounds, seed, perturb=False):
 @check("correctness")
 def correctness(context):
     limits = thresholds(context)["correctness"]
+    perturb = context.get("faults", {}).get("perturb")
     gpus = on_gpu.devices(context)
     if gpus:
-        return on_gpus(gpus, limits, perturb=context.get("faults", {}).get("perturb"))
-    got = checksum(limits["size"], limits["rounds"], limits["seed"], perturb=context.get("faults", {}).get("perturb"))
+        return on_gpus(gpus, limits, perturb=perturb)
+    got = checksum(limits["size"], limits["rounds"], limits["seed"], perturb=perturb)
     reference = context.get("reference_checksum") or checksum(limits["size"], limits["rounds"], limits["seed"])
     values = {"checksum": got}
     if got != reference:

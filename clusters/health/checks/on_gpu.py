@@ -4,8 +4,8 @@ Correctness: the same seeded fp32 (TF32 off) and bf16 matmul chains on every GPU
 made on the host. cuBLAS gives bit-identical results on GPUs of the same architecture and SM count
 (cuBLAS documentation, "Results reproducibility": https://docs.nvidia.com/cuda/cublas/#results-reproducibility),
 so a GPU whose checksum differs from the node's others is computing wrong (silent data corruption);
-the console compares the nodes' checksums the same way. Speed: each GPU's achieved bf16 matmul
-TFLOPS and pinned host-to-device bandwidth, against the accelerator's figures
+the console compares the nodes' checksums the same way. Speed (speed.py times the matmuls): each
+GPU's pinned host-to-device bandwidth, against the accelerator's figures
 (clusters/data/accelerators.json, passed in the scan's context).
 
 The functions take device names, so the tests run them on "cpu" devices; the checks pass CUDA ones.
@@ -65,29 +65,6 @@ def judge_checksums(found):
     if len(counts) > 1 and votes <= len(found) / 2:
         return None, sorted(found)  # no majority: every GPU is suspect
     return value, sorted(d for d, v in found.items() if v != value)
-
-
-def matmul_tflops(name, size, seconds, slow=0):
-    """Achieved bf16 matmul TFLOPS on one device over about `seconds` (the best of three windows)."""
-    import torch
-
-    a = torch.randn(size, size, device=name, dtype=torch.bfloat16)
-    b = torch.randn(size, size, device=name, dtype=torch.bfloat16)
-    a @ b  # warm-up: cuBLAS picks its kernel
-    synchronize(name)
-    best = 0.0
-    for _ in range(3):
-        done, started = 0, time.perf_counter()
-        while time.perf_counter() - started < seconds / 3:
-            a @ b
-            done += 1
-            if slow:
-                time.sleep(slow * 0.01)  # fault injection: a throttled GPU
-            if done % 8 == 0:
-                synchronize(name)
-        synchronize(name)
-        best = max(best, 2 * size**3 * done / (time.perf_counter() - started) / 1e12)
-    return best
 
 
 def host_to_device_gbps(name, megabytes=256, repeats=5):
