@@ -122,28 +122,30 @@ def slurm_spec(cluster):
     return ((cluster.spec or {}).get("orchestrator_spec") or {}).get("slurm_spec") or {}
 
 
+def replace(path, text, mode=None):
+    """Write `text` to `path` (tmp + rename: never half a file) unless it already says exactly this."""
+    if path.exists() and path.read_text() == text:
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    if mode is not None:
+        tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
 def write_hooks(cluster, paths):
     """The spec's Prolog and Epilog with the console's preamble (clusters/slurm/hooks.py); every node
     of a local cluster is this machine, so one file each serves them all."""
     for kind in hooks.KINDS:
         text = hooks.render(slurm_spec(cluster), kind, shared=paths.jobs, environment={"SLURM_CONF": paths.conf})
-        path = paths.hook(kind)
-        if text and (not path.exists() or path.read_text() != text):
-            tmp = paths.root / f".{kind}.sh.tmp"
-            tmp.write_text(text)
-            tmp.chmod(0o755)
-            os.replace(tmp, path)
+        if text:
+            replace(paths.hook(kind), text, 0o755)
 
 
 def write(cluster, paths, wanted):
-    """Write the Prolog and Epilog, then slurm.conf (tmp + rename) unless it already says exactly this."""
+    """Write the Prolog and Epilog, then slurm.conf."""
     write_hooks(cluster, paths)
-    text = render(cluster, paths, wanted)
-    if paths.conf.exists() and paths.conf.read_text() == text:
-        return
-    tmp = paths.root / ".slurm.conf.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, paths.conf)
+    replace(paths.conf, render(cluster, paths, wanted))
 
 
 def digest(paths):
