@@ -65,21 +65,22 @@ def free_port():
         return s.getsockname()[1]  # closed again: a connection there is refused
 
 
+async def start_with(router, app, alpha, replicas):
+    """The router's pool as start() makes it, none of its loops (the test reads no table from the
+    database and probes by hand), and a table of one endpoint "chat" of alpha with `replicas`."""
+    await routing.Router.start(router, app)
+    for task in app["tasks"]:
+        task.cancel()
+    router.routes = {("alpha", "chat"): routing.Route(1, alpha.pk, replicas, "tiny:v1", "chat", ("chat",))}
+
+
 def through(alpha, replicas, requests):
     """Run `requests` (async callables of a TestClient) against a router whose table holds `replicas`."""
 
     async def main():
         app = routing.application()
-        app.on_startup.clear()  # the table is the test's; the pool as start() makes it
-        router = app["router"]
-
-        async def pool(_app):
-            await routing.Router.start(router, _app)
-            for task in _app["tasks"]:  # no refresh from the database: the table is the test's
-                task.cancel()
-            router.routes = {("alpha", "chat"): routing.Route(1, alpha.pk, replicas, "tiny:v1", "chat", ("chat",))}
-
-        app.on_startup.append(pool)
+        app.on_startup.clear()
+        app.on_startup.append(lambda _app: start_with(_app["router"], _app, alpha, replicas))
         async with TestClient(TestServer(app)) as client:
             return [await request(client) for request in requests]
 
@@ -188,12 +189,8 @@ def test_a_replica_failing_health_is_ejected_and_routed_again_once_it_passes(alp
     quiet = (1, f"http://127.0.0.1:{port}", "tiny:v1")
 
     async def main():
-        router, app = routing.Router(), {}
-        await router.start(app)
-        for task in app["tasks"]:  # the test probes by hand
-            task.cancel()
-        router.routes = {("alpha", "chat"): routing.Route(1, alpha.pk, [quiet, (2, replica, "tiny:v1")], "tiny:v1",
-                                                          "chat", ("chat",))}  # fmt: skip
+        router = routing.Router()
+        await start_with(router, {}, alpha, [quiet, (2, replica, "tiny:v1")])
         seen = []
         await router.check_health()
         seen.append((set(router.ejected), router.pick(router.routes[("alpha", "chat")], set())[0]))

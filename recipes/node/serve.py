@@ -61,8 +61,8 @@ FIELDS = {"/v1/completions": COMMON | {"prompt"}, "/v1/chat/completions": COMMON
 class Options:
     """A request's generation options, checked (BadRequest names the field)."""
 
-    def __init__(self, body):
-        unknown = sorted(set(body) - FIELDS[body["_path"]] - {"_path"})
+    def __init__(self, body, path="/v1/completions"):
+        unknown = sorted(set(body) - FIELDS[path])
         if unknown:
             raise BadRequest(f"{unknown[0]} is not supported by this engine (docs/endpoints.md)", unknown[0])
         self.max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
@@ -265,7 +265,7 @@ def handler_for(model):
                     return self.answer(HTTPStatus.OK, predict(model, body))
                 if self.path not in FIELDS:
                     return self.answer(HTTPStatus.NOT_FOUND, error("no such path", code="not_found"))
-                options = Options({**body, "_path": self.path})
+                options = Options(body, self.path)
                 chat = self.path == "/v1/chat/completions"
                 prompt = chat_prompt(body.get("messages")) if chat else body.get("prompt")
                 if options.stream:
@@ -340,7 +340,7 @@ def predict(model, body):
             instance = {"prompt": instance}
         if not isinstance(instance, dict):
             raise BadRequest("each instance is a prompt or {prompt, max_tokens}", "instances")
-        options = Options({"max_tokens": instance.get("max_tokens", 16), "_path": "/v1/completions"})
+        options = Options({"max_tokens": instance.get("max_tokens", 16)})
         text, _, _ = model.complete(instance.get("prompt"), options)
         predictions.append(text)
     return {"predictions": predictions, "deployedModelId": model.version}

@@ -374,18 +374,18 @@ class Router:
         return 200, json.dumps({"object": "list", "data": data}).encode(), route.version
 
     def rewrite(self, route, raw):
-        """(body for the replica, stream?) or a refusal (status, body, version): `model` must be one of
-        the endpoint's names and becomes the one the replicas serve."""
+        """(body for the replica, stream?); Refused when it is not a JSON object or its `model` is not
+        one of the endpoint's names (it becomes the one the replicas serve)."""
         try:
             body = json.loads(raw or b"null")
         except ValueError:
-            return failure("the body must be JSON", 400)
+            raise Refused("the body must be JSON", 400) from None
         if not isinstance(body, dict):
-            return failure("the body must be a JSON object", 400)
+            raise Refused("the body must be a JSON object", 400)
         asked = body.get("model", route.name)
         if asked not in route.names:
             message = f"The model `{asked}` does not exist on this endpoint; use one of: {', '.join(route.names)}"
-            return failure(message, 404, param="model", code="model_not_found")
+            raise Refused(message, 404, param="model", code="model_not_found")
         body["model"] = route.name
         return json.dumps(body).encode(), body.get("stream") is True
 
@@ -405,11 +405,11 @@ class Router:
             if rest == ":predict" and request.method == "POST":
                 status, body, version = await self.predict(route, await request.read())
             elif rest in ("/v1/completions", "/v1/chat/completions") and request.method == "POST":
-                rewritten = self.rewrite(route, await request.read())
-                if len(rewritten) == 3:
-                    status, body, version = rewritten
+                try:
+                    payload, streaming = self.rewrite(route, await request.read())
+                except Refused as refused:
+                    status, body, version = refused.answer
                 else:
-                    payload, streaming = rewritten
 
                     def first_chunk():
                         self.metrics.first_token.labels(project, name).observe(time.monotonic() - started)
@@ -514,12 +514,20 @@ def retry_after():
     return max(1, round(settings.ROUTER_QUEUE_SECONDS / 10))
 
 
-def error_body(status, http, param=None, code=None):
+def error_body(message, http, param=None, code=None):
     """OpenAI's error shape (message, type, param, code), with google.rpc's status beside it (the
     :predict callers' shape)."""
     kind = {429: "requests"}.get(http, "invalid_request_error" if http in (400, 401, 404) else "api_error")
-    return {"error": {"message": status, "type": kind, "param": param, "code": code or http,
+    return {"error": {"message": message, "type": kind, "param": param, "code": code or http,
                       "status": STATUS.get(http, "INTERNAL")}}  # fmt: skip
+
+
+class Refused(Exception):
+    """A request the router answers itself; `answer` is failure()'s (status, body, version)."""
+
+    def __init__(self, message, http, param=None, code=None):
+        super().__init__(message)
+        self.answer = failure(message, http, param, code)
 
 
 def failure(message, http, param=None, code=None):
