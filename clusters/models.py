@@ -265,6 +265,10 @@ class Operation(models.Model):
     created = models.DateTimeField(default=timezone.now)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
+    # Waiting for cloud capacity (a stockout): since when, and not to be tried again before when. A
+    # capacity wait does not use up the attempts: it lasts OPERATION_CAPACITY_WAIT_HOURS.
+    waiting_since = models.DateTimeField(null=True, blank=True)
+    not_before = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created"]
@@ -304,6 +308,7 @@ class Operation(models.Model):
         claimed = (
             Operation.objects.filter(pk=self.pk)
             .filter(Q(status=OperationStatus.PENDING) | Q(status=OperationStatus.RUNNING, heartbeat__lt=stale_before))
+            .filter(Q(not_before__isnull=True) | Q(not_before__lte=timezone.now()))
             .update(
                 status=OperationStatus.RUNNING,
                 attempts=F("attempts") + 1,
@@ -360,6 +365,19 @@ class Operation(models.Model):
         """Hand a running operation back to PENDING so a retry can claim it."""
         self.log = [*self.log, {"at": timezone.now().isoformat(), "step": self.step, "message": message}]
         self._mine(attempt).update(status=OperationStatus.PENDING, log=self.log)
+
+    def wait_for_capacity(self, message, *, attempt, since, retry_at):
+        """Hand it back to PENDING until `retry_at`, without spending an attempt (a stockout is waited
+        out for hours, not retried a few times), saying on its step what it waits for."""
+        self.log = [*self.log, {"at": timezone.now().isoformat(), "step": self.step, "message": message}]
+        self._mine(attempt).update(
+            status=OperationStatus.PENDING,
+            log=self.log,
+            attempts=F("attempts") - 1,
+            waiting_since=since,
+            not_before=retry_at,
+            step=message[:200],
+        )
 
 
 class OperationCheckpoint(models.Model):

@@ -24,6 +24,11 @@ class TransientBackendError(BackendError):
     retryable = True
 
 
+class CapacityError(TransientBackendError):
+    """No capacity in the zone or reservation right now (a stockout): waited out for hours, with the
+    operation saying so, rather than retried a few times."""
+
+
 class PermanentBackendError(BackendError):
     """A retry cannot help: a bad quota, a missing permission, a missing package."""
 

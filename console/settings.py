@@ -364,6 +364,7 @@ GCE_LUSTRE_ENDPOINT = env("GCE_LUSTRE_ENDPOINT")
 GCE_SERVICE_NETWORKING_ENDPOINT = env("GCE_SERVICE_NETWORKING_ENDPOINT")
 GCE_SECRET_MANAGER_ENDPOINT = env("GCE_SECRET_MANAGER_ENDPOINT")
 GCE_SERVICE_USAGE_ENDPOINT = env("GCE_SERVICE_USAGE_ENDPOINT")
+GCE_RESOURCE_MANAGER_ENDPOINT = env("GCE_RESOURCE_MANAGER_ENDPOINT")
 # Anonymous credentials, for a fake API only (the tests'); never against Google.
 GCE_ANONYMOUS = envbool("GCE_ANONYMOUS")
 GCE_CREDENTIALS_DIR = env("GCE_CREDENTIALS_DIR")
@@ -415,6 +416,10 @@ HEALTH_RESULTS_KEEP_DAYS = envint("HEALTH_RESULTS_KEEP_DAYS", 30)
 # An operation whose worker has not reported for this long is taken to be orphaned and re-enqueued.
 OPERATION_STALE_AFTER = envint("OPERATION_STALE_AFTER", 300)
 OPERATION_MAX_RETRIES = envint("OPERATION_MAX_RETRIES", 5)
+# A stockout (no capacity in the zone or reservation) is tried again every OPERATION_CAPACITY_RETRY_SECONDS
+# for up to OPERATION_CAPACITY_WAIT_HOURS before the operation fails; those tries spend no attempts.
+OPERATION_CAPACITY_RETRY_SECONDS = envint("OPERATION_CAPACITY_RETRY_SECONDS", 300)
+OPERATION_CAPACITY_WAIT_HOURS = envfloat("OPERATION_CAPACITY_WAIT_HOURS", 6)
 # Refuse to start an operation (503 with Retry-After) while the task queue does not answer.
 OPERATION_CHECK_BROKER = envbool("OPERATION_CHECK_BROKER", "True")
 OPERATION_BROKER_TIMEOUT = envfloat("OPERATION_BROKER_TIMEOUT", 2)

@@ -300,6 +300,20 @@ def slurm_only_when_marked(request):
         pytest.fail(f"{request.node.nodeid} started Slurm daemons but is not marked slurm: ask for the `slurm` fixture")
 
 
+@pytest.fixture
+def fake(settings, alpha):
+    """The fake Google Cloud API (tests/fake_compute.py), provisioning only (its VMs do not boot), with
+    the console's gce settings pointing at it and project alpha on Google Cloud project tcc-test."""
+    from .fake_compute import FakeGoogleCloud
+
+    cloud = FakeGoogleCloud().start()
+    cloud.configure(settings)
+    alpha.gcp_project_id = "tcc-test"
+    alpha.save()
+    yield cloud
+    cloud.stop()
+
+
 def gce_spec(cpu=2):
     """The shipped example on the gce backend, as the booting fake runs it: the console makes the VPC and
     a Filestore /home, and the workers are n2-standard-2 (2 vCPUs: what this machine gives each VM)."""

@@ -22,6 +22,7 @@ Errors are injected with `inject()`: an HTTP error, or an operation that ends wi
 next N requests matching a method and a path pattern. Every request is counted in `calls`.
 """
 
+import copy
 import hashlib
 import json
 import re
@@ -31,6 +32,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from . import fake_rules
 from .fake_vms import VPC
 
 COMPUTE = re.compile(
@@ -70,6 +72,9 @@ class FakeGoogleCloud:
             "lustre.googleapis.com", "servicenetworking.googleapis.com",
         }  # fmt: skip
         self.region_quotas = {}
+        # Operations take time: a new one is PENDING, each GET moves it a step (RUNNING, then DONE), and
+        # `wait` (a long poll on the real API) answers when it is DONE. 0: operations are DONE at once.
+        self.operation_steps = 2
         self.changed = threading.Condition(self.lock)  # metadata waits (wait_for_change)
         self.vpc = VPC(root) if boot else None
         self.addresses = {}  # instance internal address -> resource key
@@ -122,6 +127,7 @@ class FakeGoogleCloud:
             "GCE_FILESTORE_ENDPOINT": f"{self.endpoint}/file",
             "GCE_LUSTRE_ENDPOINT": f"{self.endpoint}/lustre",
             "GCE_SERVICE_NETWORKING_ENDPOINT": self.endpoint,
+            "GCE_RESOURCE_MANAGER_ENDPOINT": self.endpoint,
             "GCE_SECRET_MANAGER_ENDPOINT": f"{self.endpoint}/sm",
             "GCE_ANONYMOUS": True,
             # Booted VMs are polled through their slurmrestd: not a hundred times a second.
@@ -213,6 +219,15 @@ class FakeGoogleCloud:
             return self._secrets(method, path, query, body)
         if path.startswith("/v1/services/servicenetworking.googleapis.com/connections"):
             return self._connections(method, path, query, body)
+        if path.startswith("/v1/operations/"):  # Service Networking's long-running operations
+            op = self.operations.get(path.removeprefix("/v1/"))
+            if not op:
+                return 404, http_error(404, "operation not found")
+            op["done"] = True  # done the second time it is read
+            return 200, op
+        if path.startswith("/v3/projects/") and method == "GET":  # Resource Manager: the project's number
+            project = path.removeprefix("/v3/projects/")
+            return 200, {"name": f"projects/{project_number(project)}", "projectId": project, "state": "ACTIVE"}
         match = LOCATIONS.match(path)
         if match:
             return self._locations(method, path, match, query, body)
@@ -227,16 +242,30 @@ class FakeGoogleCloud:
             noun = f"{parts[0]}:{noun}"
         return f"{method} {noun}"
 
+    STEPS = ("PENDING", "RUNNING", "DONE")
+
+    def _advance(self, op, to_the_end=False):
+        """The operation one step further (GET), or DONE (`wait`); its error shows once it is DONE."""
+        step = len(self.STEPS) - 1 if to_the_end else min(self.STEPS.index(op["status"]) + 1, len(self.STEPS) - 1)
+        op["status"] = self.STEPS[step]
+        op["progress"] = 100 if op["status"] == "DONE" else 50 * step
+        shown = dict(op)
+        error = shown.pop("pendingError", None)
+        if op["status"] == "DONE" and error:
+            shown.update(error)
+        return shown
+
     def _operation(self, scope_url, target, op_type, error=None, status_code=None):
         self.counter += 1
         name = f"operation-{self.counter}"
+        first = self.STEPS[max(0, len(self.STEPS) - 1 - self.operation_steps)]
         op = {
             "kind": "compute#operation",
             "id": str(self.counter),
             "name": name,
             "operationType": op_type,
-            "status": "DONE",
-            "progress": 100,
+            "status": first,
+            "progress": 100 if first == "DONE" else 0,
             "targetLink": target,
             "selfLink": f"{scope_url}/operations/{name}",
         }
@@ -245,10 +274,13 @@ class FakeGoogleCloud:
         elif "/regions/" in scope_url:
             op["region"] = scope_url
         if error:
-            op["error"] = {"errors": [error]}
-            op["httpErrorStatusCode"] = status_code or 400
+            op["pendingError"] = {"error": {"errors": [error]}, "httpErrorStatusCode": status_code or 400}
         self.operations[f"{scope_url}/operations/{name}"] = op
-        return op
+        return (
+            self._advance(op, to_the_end=True)
+            if first == "DONE"
+            else {k: v for k, v in op.items() if k != "pendingError"}
+        )
 
     def _compute(self, method, path, query, body, injection):
         match = COMPUTE.match(path)
@@ -259,10 +291,15 @@ class FakeGoogleCloud:
         rest = match["rest"].split("/")
         if rest[0] == "operations":
             op = self.operations.get(f"{scope_url}/operations/{rest[1]}")
-            return (200, op) if op else (404, http_error(404, f"operation {rest[1]} not found"))
+            if not op:
+                return 404, http_error(404, f"operation {rest[1]} not found")
+            return 200, self._advance(op, to_the_end=rest[2:] == ["wait"])
         collection = rest[0]
         collection_path = f"{scope_path}/{collection}"
         error = {"code": injection.code, "message": injection.message} if injection else None
+        refused = self._refused(method, match, rest, body)
+        if refused:
+            return refused
         if collection == "instances" and len(rest) == 2 and rest[1] == "bulkInsert" and method == "POST":
             return self._bulk_insert(scope_path, scope_url, body, error)
         if collection == "instances" and len(rest) == 3 and rest[2] in ("reset", "start", "stop") and method == "POST":
@@ -307,7 +344,7 @@ class FakeGoogleCloud:
             if error:
                 return 200, self._operation(scope_url, self.endpoint + key, "insert", error)
             self.resources[key] = {
-                **body,
+                **copy.deepcopy(body),
                 "selfLink": self.endpoint + key,
                 "status": "RUNNING",
                 "kind": f"compute#{collection}",
@@ -336,6 +373,28 @@ class FakeGoogleCloud:
             return 200, self._operation(scope_url, self.endpoint + key, "delete")
         return 405, http_error(405, "method not allowed")
 
+    def _refused(self, method, match, rest, body):
+        """What the real API would refuse in this request (tests/fake_rules.py), as an HTTP error."""
+        zone = match["scope"].removeprefix("zones/") if match["scope"].startswith("zones/") else ""
+        request = fake_rules.Request(verb="", collection=rest[0], body=body, project=match["project"], zone=zone,
+                                     resources=self.resources)  # fmt: skip
+        if method == "POST" and len(rest) == 1:
+            request.verb = "insert"
+            if rest[0] == "instances":
+                request.properties = body
+            elif rest[0] == "instanceTemplates":
+                request.properties, request.at = body.get("properties") or {}, "resource.properties"
+        elif method == "POST" and rest[1:] == ["bulkInsert"]:
+            request.verb = "bulkInsert"
+            request.properties, request.at = body.get("instanceProperties") or {}, "resource.instanceProperties"
+        elif method == "POST" and len(rest) == 3 and rest[2] == "setMetadata":
+            request.verb = "setMetadata"
+        elif method == "DELETE" and len(rest) == 2:
+            request.verb, request.name = "delete", rest[1]
+        else:
+            return None
+        return fake_rules.refusal_for(request)
+
     def _bulk_insert(self, scope_path, scope_url, body, error):
         names = list((body.get("perInstanceProperties") or {}).keys())
         template = body.get("sourceInstanceTemplate", "")
@@ -360,7 +419,7 @@ class FakeGoogleCloud:
             if key in self.resources:
                 continue
             self.resources[key] = {
-                **properties,  # what an instance made from the template carries (metadata, NICs, ...)
+                **copy.deepcopy(properties),  # what an instance made from the template carries (metadata, NICs, ...)
                 "name": name,
                 "machineType": properties.get("machineType", ""),
                 "labels": properties.get("labels", {}),
@@ -451,6 +510,9 @@ class FakeGoogleCloud:
             name = f"{base}/instances/{query['instanceId'][0]}"
             if f"{service}:{name}" in self.resources:
                 return 409, http_error(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
+            wrong = service == "file" and filestore_location_refused(body.get("tier", ""), match["location"])
+            if wrong:
+                return 400, rpc_error(400, wrong, "INVALID_ARGUMENT")
             resource = {**body, "name": name, "state": "READY", **self._server_fields(service)}
             self.resources[f"{service}:{name}"] = resource
             return 200, self._lro(base, {"@type": f"type.googleapis.com/{INSTANCE_TYPES[service]}", **resource})
@@ -459,11 +521,13 @@ class FakeGoogleCloud:
         name = f"{service}:{base}/instances/{rest[1]}"
         if method == "GET":
             found = self.resources.get(name)
+            if found and found.get("state") == "DELETING":  # a delete takes a while: gone when read again
+                del self.resources[name]
             return (200, found) if found else (404, http_error(404, f"{name} not found", "NOT_FOUND"))
         if method == "DELETE":
             if name not in self.resources:
                 return 404, http_error(404, f"{name} not found", "NOT_FOUND")
-            del self.resources[name]
+            self.resources[name]["state"] = "DELETING"
             return 200, self._lro(base)
         return 405, http_error(405, "method not allowed")
 
@@ -523,16 +587,72 @@ class FakeGoogleCloud:
         return 405, http_error(405, "method not allowed")
 
     def _connections(self, method, path, query, body):
+        """Service Networking's connections. The consumer network is `projects/{NUMBER}/global/networks/N`
+        (https://cloud.google.com/service-infrastructure/docs/service-networking/reference/rest/v1/services.connections);
+        a connection a producer (Filestore, Lustre) still uses is not deleted."""
+        network = body.get("consumerNetwork") or body.get("network") or query.get("network", [""])[0]
+        if not NUMBERED_NETWORK.match(network):
+            why = "the project must be given by its number, as projects/{project_number}/global/networks/{network}"
+            return 400, rpc_error(400, f"Invalid network '{network}': {why}.", "INVALID_ARGUMENT")
+        key = "servicenetworking/" + network
         if path.endswith(":deleteConnection"):
-            self.resources.pop("servicenetworking/" + body.get("consumerNetwork", ""), None)
-            return 200, {"name": f"operations/pssn.{self.counter}", "done": True}
-        key = "servicenetworking/" + body.get("network", query.get("network", [""])[0])
+            name = network.rsplit("/", 1)[-1]
+            users = [
+                k for k, r in self.resources.items() if k.startswith(("file:", "lustre:")) and uses_network(r, name)
+            ]
+            if users:
+                why = "Producer services (e.g. CloudSQL, Cloud Memstore, etc.) are still using this connection."
+                return 400, rpc_error(400, f"Failed to delete connection; {why}", "FAILED_PRECONDITION")
+            self.resources.pop(key, None)
+            return 200, self._networking_operation()
         if method == "POST":
             self.resources[key] = {**body, "service": "services/servicenetworking.googleapis.com"}
-            return 200, {"name": f"operations/pssn.{self.counter}", "done": True}
-        network = query.get("network", [""])[0]
-        found = [r for k, r in self.resources.items() if k == f"servicenetworking/{network}"]
+            return 200, self._networking_operation()
+        found = [r for k, r in self.resources.items() if k == key]
         return 200, {"connections": found}
+
+    def _networking_operation(self):
+        """A Service Networking operation, not done when answered: done when read again."""
+        self.counter += 1
+        name = f"operations/pssn.p24-{self.counter}"
+        self.operations[name] = {"name": name, "done": False}
+        return dict(self.operations[name])
+
+
+NUMBERED_NETWORK = re.compile(r"projects/\d+/global/networks/[a-z][-a-z0-9]*\Z")
+
+
+def project_number(project):
+    """A stable 12-digit number for a project id, as Resource Manager gives each project."""
+    return str(100000000000 + int(hashlib.sha256(project.encode()).hexdigest()[:8], 16))
+
+
+# Basic, zonal and high scale instances live in a zone; regional and enterprise ones in a region.
+# https://cloud.google.com/filestore/docs/service-tiers
+REGIONAL_FILESTORE_TIERS = ("REGIONAL", "ENTERPRISE")
+
+
+def filestore_location_refused(tier, location):
+    if isinstance(tier, int):  # the client sends enums as numbers ($alt=json;enum-encoding=int)
+        from google.cloud import filestore_v1
+
+        tier = filestore_v1.Instance.Tier(tier).name
+    zonal = location.count("-") == 2  # us-central1-b; a region is us-central1
+    if tier in REGIONAL_FILESTORE_TIERS and zonal:
+        return f"{tier} instances are regional: the location must be a region, not zone {location}."
+    if tier not in REGIONAL_FILESTORE_TIERS and not zonal:
+        return f"{tier} instances are zonal: the location must be a zone, not region {location}."
+    return ""
+
+
+def uses_network(resource, name):
+    networks = [n.get("network", "") for n in resource.get("networks") or []] + [resource.get("network", "")]
+    return any(n and n.rsplit("/", 1)[-1] == name for n in networks)
+
+
+def rpc_error(status, message, code):
+    """The error shape of Google's newer APIs (google.rpc.Status): Service Networking, Filestore, Lustre."""
+    return {"error": {"code": status, "message": message, "status": code}}
 
 
 NOUNS = {

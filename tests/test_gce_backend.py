@@ -2,6 +2,7 @@
 ownership on delete, and the dry-run plan."""
 
 import base64
+import ipaddress
 
 import pytest
 
@@ -15,48 +16,9 @@ from clusters.spec import SpecError
 from clusters.spec.reference import build_spec
 
 from .conftest import example_spec
-from .fake_compute import FakeGoogleCloud
+from .gce_fixtures import built, create, gce_spec, run_task, template_of
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def fake(settings, alpha):
-    cloud = FakeGoogleCloud().start()
-    cloud.configure(settings)
-    alpha.gcp_project_id = "tcc-test"
-    alpha.save()
-    yield cloud
-    cloud.stop()
-
-
-def gce_spec(nodes=4, pools=1):
-    spec = build_spec("a3-ultra", display_name="ultra", zone="us-central1-b", nodes=nodes, backend="gce")
-    main = spec["node_pools"][1]
-    for i in range(1, pools):
-        extra = {**main, "id": f"{main['id']}{i}"}
-        spec["node_pools"].append(extra)
-        spec["orchestrator_spec"]["slurm_spec"]["partitions"].append(
-            {"id": extra["id"], "node_pool_ids": [extra["id"]]}
-        )
-    return spec
-
-
-def create(alpha, alice, spec, name="ultra"):
-    return services.create_cluster(project=alpha, name=name, spec=spec, user=alice)
-
-
-def built(alpha, alice, spec, name="ultra"):
-    """Create the cluster and run its operation to success; returns the cluster's name prefix."""
-    operation = create(alpha, alice, spec, name=name)
-    engine.run(operation.pk)
-    operation.refresh_from_db()
-    assert operation.status == OperationStatus.SUCCEEDED, operation.error
-    return names("alpha", name).prefix
-
-
-def template_of(fake, prefix, pool="a3ultra"):
-    return fake.resources[f"/compute/v1/projects/tcc-test/global/instanceTemplates/{prefix}-tpl-{pool}"]
 
 
 def test_it_creates_workers_with_one_bulk_insert_per_pool(fake, alpha, alice):
@@ -100,6 +62,7 @@ def test_a_partial_bulk_insert_is_topped_up_not_repeated(fake, alpha, alice):
     with pytest.raises(TransientBackendError, match="2 of 4 a3ultra nodes created"):
         engine.run(operation.pk)
     assert Operation.objects.get(pk=operation.pk).status == OperationStatus.PENDING
+    Operation.objects.filter(pk=operation.pk).update(not_before=None)  # the capacity wait is over
     engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == OperationStatus.SUCCEEDED, operation.error
@@ -108,31 +71,61 @@ def test_a_partial_bulk_insert_is_topped_up_not_repeated(fake, alpha, alice):
     assert len(workers) == 4
 
 
-def run_task(operation, settings, retries=0):
-    from clusters.operations.tasks import run_operation_task
+def test_a_stockout_is_waited_out_for_hours_saying_so_then_fails(fake, alpha, alice, settings):
+    """No H200s in the zone: the create waits for capacity (OPERATION_CAPACITY_WAIT_HOURS) instead of
+    failing after a few quick retries, says on the operation what it waits for, and spends no attempts."""
+    from datetime import timedelta
 
-    settings.OPERATION_MAX_RETRIES = retries
-    run_operation_task.apply(args=[operation.pk])
-    operation.refresh_from_db()
-    return operation
+    from django.utils import timezone
 
+    from clusters.work import CapacityError
 
-def test_it_retries_no_capacity_then_fails_with_the_reason(fake, alpha, alice, settings):
+    stockout = "The zone 'us-central1-b' does not have enough resources available to fulfill the request."
     operation = create(alpha, alice, gce_spec(nodes=2))
-    fake.inject(
-        "POST",
-        r"/instances/bulkInsert$",
-        times=5,
-        code="ZONE_RESOURCE_POOL_EXHAUSTED",
-        message="The zone 'us-central1-b' does not have enough resources available to fulfill the request.",
+    fake.inject("POST", r"/instances/bulkInsert$", times=3, code="ZONE_RESOURCE_POOL_EXHAUSTED", message=stockout)
+    with pytest.raises(CapacityError):
+        engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.PENDING and operation.attempts == 0
+    assert operation.step.startswith("Waiting for capacity (since")
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in operation.step and "gives up" in operation.step
+    assert operation.not_before > timezone.now() + timedelta(seconds=250)
+    engine.run(operation.pk)  # an early message (a duplicate, the stale sweep) does not try before not_before
+    assert fake.calls["POST bulkInsert"] == 1 and operation.pk not in engine.stale(stale_after=0)
+
+    Operation.objects.filter(pk=operation.pk).update(not_before=timezone.now())  # five minutes later
+    with pytest.raises(CapacityError):
+        engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert fake.calls["POST bulkInsert"] == 2 and operation.attempts == 0
+    cluster = Cluster.objects.get()
+    assert cluster.events.filter(level="WARNING", message__startswith="Waiting for capacity").count() == 1
+
+    hours = settings.OPERATION_CAPACITY_WAIT_HOURS
+    Operation.objects.filter(pk=operation.pk).update(
+        not_before=timezone.now(), waiting_since=timezone.now() - timedelta(hours=hours, minutes=1)
     )
-    operation = run_task(operation, settings)
+    engine.run(operation.pk)
+    operation.refresh_from_db()
     assert operation.status == OperationStatus.FAILED
     assert "no capacity in the zone or reservation right now (ZONE_RESOURCE_POOL_EXHAUSTED)" in operation.error
-    assert "gave up after 1 attempts" in operation.error
-    cluster = Cluster.objects.get()
-    assert cluster.status == ClusterStatus.FAILED
-    assert cluster.events.filter(level="ERROR", message__contains="ZONE_RESOURCE_POOL_EXHAUSTED").exists()
+    assert f"still none after {hours:g} h of waiting" in operation.error
+    assert Cluster.objects.get().status == ClusterStatus.FAILED
+
+
+def test_capacity_that_comes_back_ends_the_wait(fake, alpha, alice):
+    from django.utils import timezone
+
+    from clusters.work import CapacityError
+
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    fake.inject("POST", r"/instances/bulkInsert$", code="ZONE_RESOURCE_POOL_EXHAUSTED", message="no room")
+    with pytest.raises(CapacityError):
+        engine.run(operation.pk)
+    Operation.objects.filter(pk=operation.pk).update(not_before=timezone.now())
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
 
 
 def test_it_names_the_quota_that_ran_out(fake, alpha, alice, settings):
@@ -252,10 +245,10 @@ def test_the_controller_gets_slurm_conf_and_a_resize_updates_it(fake, alpha, ali
     prefix = names("alpha", "ultra").prefix
     conf = metadata(fake, "ctl")["slurm-conf"]
     assert f"SlurmctldHost={prefix}-ctl" in conf
-    assert f"NodeName=a3ultra-1 NodeHostname={prefix}-a3ultra-1 CPUs=224" in conf
+    assert f"NodeName=a3ultra-[0-1] NodeHostname={prefix}-a3ultra-[0-1] CPUs=224" in conf
     assert "Gres=gpu:8" in conf
     assert "PriorityType=priority/multifactor" in conf
-    assert "PartitionName=a3ultra Nodes=a3ultra-0,a3ultra-1 Default=YES" in conf
+    assert "PartitionName=a3ultra Nodes=a3ultra-[0-1] Default=YES" in conf
     assert metadata(fake, "login-0")["slurm-conf"] == conf
     assert "--conf-server" in metadata(fake, "ctl")["startup-script"]
     assert "Epilog=/etc/slurm/epilog.sh" in conf and "Prolog=" not in conf
@@ -266,7 +259,7 @@ def test_the_controller_gets_slurm_conf_and_a_resize_updates_it(fake, alpha, ali
     assert metadata(fake, "a3ultra-0")["slurm-prolog"] == ""
     spec["node_pools"][1]["scaling_spec"] = {"min_node_count": 3, "max_node_count": 3}
     engine.run(services.update_cluster(cluster=Cluster.objects.get(), spec=spec).pk)
-    assert "NodeName=a3ultra-2" in metadata(fake, "ctl")["slurm-conf"]
+    assert "NodeName=a3ultra-[0-2]" in metadata(fake, "ctl")["slurm-conf"]
     assert fake.calls["POST setMetadata"] == 2  # controller and login node
 
 
@@ -379,7 +372,7 @@ def test_vms_get_a_service_account_storage_addresses_the_gpu_image_and_gres(fake
     assert mounts and not [line for line in mounts if "|| true" in line]  # no failed mount passes silently
     assert "GPUS='0'" in metadata(fake, "ctl")["startup-script"]
     gres = metadata(fake, "ctl")["slurm-gres-conf"]
-    assert "NodeName=a3ultra-0,a3ultra-1 Name=gpu File=/dev/nvidia[0-7]" in gres
+    assert "NodeName=a3ultra-[0-1] Name=gpu File=/dev/nvidia[0-7]" in gres
 
     Cluster.objects.all().delete()
     del spec["runtime_spec"]
@@ -428,7 +421,11 @@ def test_each_reference_architecture_gets_its_gpu_fabric(fake, alpha, alice, arc
     controller = fake.resources[f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-ctl"]
     assert len(controller["networkInterfaces"]) == 1  # the fabric is the GPU nodes'
     firewalls = [k for k in fake.resources if "/global/firewalls/" in k and k.endswith("-internal")]
-    assert len(firewalls) == 1 + len(extra_networks)
+    rdma = [name for name in extra_networks if name == "rdma"]  # a RoCE VPC takes no firewall rule
+    assert len(firewalls) == 1 + len(extra_networks) - len(rdma)
+    docker = ipaddress.ip_network("172.16.0.0/12")  # Docker's bridges on the nodes (TCPXO runs in Docker)
+    ranges = [r["ipCidrRange"] for k, r in fake.resources.items() if "/subnetworks/" in k]
+    assert ranges and not any(ipaddress.ip_network(r).overlaps(docker) for r in ranges)
 
     engine.run(services.delete_cluster(cluster=Cluster.objects.get(), user=alice).pk)
     assert not [k for k in fake.resources if "/global/networks/" in k or "/subnetworks/" in k]

@@ -77,6 +77,10 @@ def test_the_console_reaches_the_controller_only_with_the_keys_in_secret_manager
         AgentClient(AgentEndpoint(f"http://{address}:6821", "00" * 32)).stat(".")
     assert refused.value.status == 401
     assert backend().agent(cluster).stat(".")["exists"]
+    # slurm.conf names nodes in hostlists (cpu-[0-1]): the controller expanded them to wait until each
+    # resolves, instead of waiting two minutes for an expression that never does.
+    serial = fake.vpc.serial(names(cluster.project.slug, cluster.name).controller)
+    assert "tcc-startup: done" in serial and "does not resolve yet" not in serial
 
 
 def test_no_key_reaches_a_page_an_answer_or_a_log_line(cluster, fake, client, caplog):
@@ -154,6 +158,29 @@ def test_a_pool_startup_script_that_fails_fails_the_create_with_its_line(fake, a
     broken = Cluster.objects.get(pk=operation.cluster_id)
     assert broken.events.filter(message__contains="FAILED: the node pool's own startup_script").exists()
     run(services.delete_cluster(cluster=broken))
+
+
+def test_a_compute_node_whose_startup_fails_fails_the_create_at_once_naming_it(fake, alpha, alice, slurm, settings):
+    """The A3 Ultra case: a GPU image without the driver fails every compute VM's startup. Slurm never hears
+    of those nodes; the create reads their serial consoles and fails with the VM and its line instead of
+    waiting out GCE_STARTUP_TIMEOUT (30 min by default) to say 'nodes did not become idle'."""
+    import time
+
+    settings.GCE_STARTUP_TIMEOUT = 300
+    alpha.gcp_project_id = "tcc-test"
+    alpha.save()
+    spec = gce_spec(cpu=1)
+    spec["display_name"] = "nodriver"
+    spec["node_pools"][1]["startup_script"] = "echo 'nvidia-smi: command not found' >&2\nexit 127\n"
+    started = time.monotonic()
+    operation = services.create_cluster(project=alpha, name="nodriver", spec=spec, user=alice)
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.FAILED
+    prefix = names("alpha", "nodriver").prefix
+    assert f"cpu-0: {prefix}-cpu-0: startup script FAILED: the node pool's own startup_script" in operation.error
+    assert time.monotonic() - started < 120
+    run(services.delete_cluster(cluster=Cluster.objects.get(pk=operation.cluster_id)))
 
 
 def test_deleting_the_cluster_leaves_no_vm_resource_or_key(cluster, fake):

@@ -69,7 +69,30 @@ def test_it_accepts_a_gpu_pool_with_its_own_accelerators():
         "accelerator_type": "NVIDIA_B200",
         "accelerator_count": 8,
     }
+    spec["node_pools"][1]["boot_disk"] = {"boot_disk_type": "hyperdisk-balanced", "boot_disk_size_gb": 200}
     assert validate_spec(spec, backends=all_backends())["node_pools"][1]["machine_spec"]["accelerator_count"] == 8
+
+
+def test_it_boots_hyperdisk_only_machine_types_from_hyperdisk():
+    """A3 Ultra and A4 take no Persistent Disk (Compute refuses the create); say so before it does."""
+    spec = example_spec()
+    pool = spec["node_pools"][1]
+    pool["machine_spec"] = {"machine_type": "a3-ultragpu-8g"}
+    pool["boot_disk"] = {"boot_disk_type": "pd-ssd", "boot_disk_size_gb": 200}
+    assert errors_of(spec)["node_pools[1].boot_disk.boot_disk_type"] == [
+        "a3-ultragpu-8g takes Hyperdisk only (hyperdisk-balanced, ...), not pd-ssd"
+    ]
+    del pool["boot_disk"]
+    assert "boots from Hyperdisk only" in errors_of(spec)["node_pools[1].boot_disk.boot_disk_type"][0]
+    pool["boot_disk"] = {"boot_disk_type": "hyperdisk-balanced", "boot_disk_size_gb": 200}
+    validate_spec(spec, backends=all_backends())
+
+
+def test_it_keeps_a3_mega_subnets_off_dockers_bridges():
+    spec = with_console(network={"create": True, "subnet_range": "172.20.0.0/16"})
+    validate_spec(spec, backends=all_backends())  # a CPU cluster runs no Docker
+    spec["node_pools"][1]["machine_spec"] = {"machine_type": "a3-megagpu-8g"}
+    assert "run Docker" in errors_of(spec)["console.network.subnet_range"][0]
 
 
 def test_it_rejects_accelerators_on_a_cpu_machine_and_unknown_machines():

@@ -4,11 +4,14 @@ nodes up after a start or a resize, one node registered again after a reboot. Ea
 import time
 
 from .. import processes
-from ..work import TransientBackendError, heartbeat
+from ..work import PermanentBackendError, TransientBackendError, heartbeat
 
 
-def wait_idle(slurm, names, timeout, interval=0.2):
-    """Wait until every node in `names` is up in Slurm (registered, answering)."""
+def wait_idle(slurm, names, timeout, interval=0.2, failed=None, check_every=10.0):
+    """Wait until every node in `names` is up in Slurm (registered, answering).
+
+    `failed(waiting) -> {node: why}`, asked every `check_every` s about the nodes still waiting, says
+    which of them will never come (their machine's startup failed): the wait ends at once with why."""
 
     def not_ready():
         statuses = {s.name: s for s in slurm.nodes()}
@@ -19,9 +22,17 @@ def wait_idle(slurm, names, timeout, interval=0.2):
         }
 
     deadline = time.monotonic() + timeout
+    checked = time.monotonic()
     waiting = not_ready()
     while waiting and time.monotonic() < deadline:
         heartbeat(f"{len(names) - len(waiting)}/{len(names)} nodes up")
+        if failed and time.monotonic() - checked >= check_every:
+            checked = time.monotonic()
+            broken = failed(sorted(waiting))
+            if broken:
+                detail = "; ".join(f"{n}: {why}" for n, why in sorted(broken.items())[:5])
+                more = f" (and {len(broken) - 5} more)" if len(broken) > 5 else ""
+                raise PermanentBackendError(f"{len(broken)} node(s) failed to start: {detail}{more}")
         time.sleep(interval)
         waiting = not_ready()
     if waiting:

@@ -19,13 +19,14 @@ from functools import cached_property
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from ..backends import get_backend
 from ..choices import EventLevel, OperationStatus
 from ..events import record_event
 from ..models import Operation
-from ..work import BackendError, TransientBackendError, running
+from ..work import BackendError, CapacityError, TransientBackendError, running
 from . import registry
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,9 @@ def run(operation_id, stale_after=None):
     except SoftTimeLimitExceeded:
         operation.release(f"Will resume: '{ctx.step}' ran past the task's time limit", attempt=ctx.attempt)
         raise TransientBackendError(f"'{ctx.step}' ran past the task's time limit; it will resume") from None
+    except CapacityError as exc:
+        if wait_for_capacity(operation, ctx, exc):
+            raise
     except TransientBackendError as exc:
         operation.release(f"Will retry: {exc}", attempt=ctx.attempt)
         raise
@@ -140,6 +144,27 @@ def run_steps(ctx, steps):
                 step=step.name,
                 message=f"{step.name}: done in {time.monotonic() - started:.1f} s",
             )
+
+
+def wait_for_capacity(operation, ctx, exc):
+    """A stockout: try again in OPERATION_CAPACITY_RETRY_SECONDS, saying so on the operation (and the
+    timeline, the first time), until OPERATION_CAPACITY_WAIT_HOURS after the first one; then fail.
+    Returns whether it waits (False: it failed)."""
+    now = timezone.now()
+    since = operation.waiting_since or now
+    gives_up = since + timedelta(hours=settings.OPERATION_CAPACITY_WAIT_HOURS)
+    if now >= gives_up:
+        fail(operation.pk, f"{exc}; still none after {settings.OPERATION_CAPACITY_WAIT_HOURS:g} h of waiting")
+        return False
+    retry_at = min(now + timedelta(seconds=settings.OPERATION_CAPACITY_RETRY_SECONDS), gives_up)
+    message = (
+        f"Waiting for capacity (since {since:%H:%M} UTC, next try {retry_at:%H:%M}, "
+        f"gives up {gives_up:%Y-%m-%d %H:%M} UTC): {exc}"
+    )
+    operation.wait_for_capacity(message, attempt=ctx.attempt, since=since, retry_at=retry_at)
+    if operation.waiting_since is None:
+        record_event(ctx.cluster, message, level=EventLevel.WARNING, operation=operation)
+    return True
 
 
 def attempts(operation_id):
@@ -166,7 +191,8 @@ def stale(stale_after=None):
     """Ids of operations whose worker died (silent too long) or whose message was lost (never claimed)."""
     stale_after = settings.OPERATION_STALE_AFTER if stale_after is None else stale_after
     cutoff = timezone.now() - timedelta(seconds=stale_after)
+    waited_out = Q(not_before__isnull=True) | Q(not_before__lte=timezone.now())  # not one waiting for capacity
     found = Operation.objects.filter(status=OperationStatus.RUNNING, heartbeat__lt=cutoff) | Operation.objects.filter(
-        status=OperationStatus.PENDING, created__lt=cutoff
+        waited_out, status=OperationStatus.PENDING, created__lt=cutoff
     )
     return list(found.values_list("pk", flat=True))

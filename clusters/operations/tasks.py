@@ -7,7 +7,7 @@ queued by an older console still find them.
 from celery import shared_task
 from django.conf import settings
 
-from ..work import TransientBackendError
+from ..work import CapacityError, TransientBackendError
 from . import engine
 
 
@@ -15,6 +15,8 @@ from . import engine
 def run_operation_task(self, operation_id, stale_after=None):
     try:
         engine.run(operation_id, stale_after=stale_after)
+    except CapacityError as exc:  # the engine keeps its clock (waiting_since) and says when it gives up
+        raise self.retry(exc=exc, countdown=settings.OPERATION_CAPACITY_RETRY_SECONDS, max_retries=None) from None
     except TransientBackendError as exc:
         attempts = engine.attempts(operation_id)  # counted per operation, across messages and workers
         if attempts > settings.OPERATION_MAX_RETRIES:

@@ -59,6 +59,8 @@ class MachineType:
     memory_gb: int
     accelerator_type: str = ""
     accelerator_count: int = 0
+    hyperdisk_only: bool = False  # boots from Hyperdisk only
+    reservation_bound: bool = False  # reserved as RESERVATION_BOUND VMs
 
 
 @cache

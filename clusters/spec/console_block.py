@@ -25,6 +25,10 @@ CONSOLE = {"backend", "network", "storage"}
 NETWORK = {"create", "mtu", "subnet_range", "private_services_range"}
 STORAGE = {"filestore_home", "lustre", "gcs_buckets"}
 MTUS = (1460, 1500, 8896)
+# A3 Mega's GPUDirect-TCPXO receive-datapath manager runs in Docker, whose bridges take 172.16.0.0/12
+# (Docker's default address pools): the node's own subnets must stay out of it.
+DOCKER_MACHINE_TYPES = ("a3-megagpu-8g",)
+DOCKER_BRIDGES = ipaddress.ip_network("172.16.0.0/12")
 BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]\Z")
 MOUNT_POINT = re.compile(r"/[A-Za-z0-9._/-]*\Z")
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -99,6 +103,15 @@ def validate_network_block(errors, network, spec, expect_int):
     subnet = ranges.get("subnet_range")
     if subnet is not None and psa is not None and subnet.overlaps(psa):
         errors.add("console.network.private_services_range", f"overlaps the subnet range {subnet}")
+    docker = [
+        p["machine_spec"]["machine_type"]
+        for p in spec.get("node_pools") or []
+        if isinstance(p, dict) and isinstance(p.get("machine_spec"), dict)
+        and p["machine_spec"].get("machine_type") in DOCKER_MACHINE_TYPES
+    ]  # fmt: skip
+    if subnet is not None and docker and subnet.overlaps(DOCKER_BRIDGES):
+        errors.add("console.network.subnet_range", f"{docker[0]} nodes run Docker, whose bridges use "
+                                                   f"{DOCKER_BRIDGES}: choose a range outside it")  # fmt: skip
     if not create and not (spec.get("network") or {}).get("network"):
         errors.add("network.network", "name an existing VPC network, or set console.network.create to true")
 

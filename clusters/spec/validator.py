@@ -247,7 +247,7 @@ def validate_node_pools(errors, value):
         model = expect_str(errors, pool.get("provisioning_model"), f"{path}.provisioning_model")
         if model is not None and model not in PROVISIONING_MODELS:
             errors.add(f"{path}.provisioning_model", f"must be one of: {', '.join(PROVISIONING_MODELS)}")
-        validate_boot_disk(errors, pool.get("boot_disk"), f"{path}.boot_disk")
+        validate_boot_disk(errors, pool.get("boot_disk"), f"{path}.boot_disk", pool.get("machine_spec"))
         for key in ("lustres", "filestores"):
             for j, item in enumerate(expect_list(errors, pool.get(key), f"{path}.{key}")):
                 if not isinstance(item, str) or not item:
@@ -313,13 +313,21 @@ def validate_scaling(errors, value, path):
         errors.add(path, "min_node_count must equal max_node_count (clusters do not autoscale)")
 
 
-def validate_boot_disk(errors, value, path):
+def validate_boot_disk(errors, value, path, machine_spec):
+    name = machine_spec.get("machine_type") if isinstance(machine_spec, dict) else None
+    machine = machine_type_info(name) if isinstance(name, str) else None
     if value is None:
+        if machine and machine.hyperdisk_only:
+            errors.add(f"{path}.boot_disk_type", f"{machine.name} boots from Hyperdisk only: set hyperdisk-balanced")
         return
     disk = expect_object(errors, value, path, {"boot_disk_type", "boot_disk_size_gb"})
     kind = expect_str(errors, disk.get("boot_disk_type"), f"{path}.boot_disk_type")
     if kind is not None and kind not in BOOT_DISK_TYPES:
         errors.add(f"{path}.boot_disk_type", f"must be one of: {', '.join(BOOT_DISK_TYPES)}")
+    elif machine and machine.hyperdisk_only and not (kind or "pd-balanced").startswith("hyperdisk-"):
+        # https://cloud.google.com/compute/docs/accelerator-optimized-machines#supported_disk_types
+        errors.add(f"{path}.boot_disk_type", f"{machine.name} takes Hyperdisk only (hyperdisk-balanced, ...), not "
+                                             f"{kind or 'the default pd-balanced'}")  # fmt: skip
     size = disk.get("boot_disk_size_gb")
     if size is not None:
         expect_int(errors, size, f"{path}.boot_disk_size_gb", minimum=10, maximum=MAX_BOOT_DISK_GB)

@@ -30,7 +30,7 @@ from ..base import AgentEndpoint, Backend, NodeShape, SlurmEndpoint, Step
 from . import fabric, instances, keys, network, preflight, slurm_conf, storage
 from .clients import Clients
 from .cloud import Cloud
-from .names import is_gpu_pool, names
+from .names import names
 
 
 class GceBackend(Backend):
@@ -122,7 +122,7 @@ class GceBackend(Backend):
             )
         pools = [p for p in spec["node_pools"] if p["id"] != login]
         for pool in pools:
-            if is_gpu_pool(pool):
+            if instances.uses_own_placement(pool):
                 items.append(("Placement policy", n.placement(pool["id"]), "compact (COLLOCATED)"))
             items.append(
                 ("Instance template", n.template(pool["id"]), f"{pool['machine_spec']['machine_type']}, gVNIC")
@@ -169,7 +169,7 @@ class GceBackend(Backend):
         if store.get("lustre"):
             steps.append(Step(f"Create Managed Lustre {cloud.n.lustre}", lambda ctx: storage.create_lustre(cloud)))
         for pool in cloud.compute_pools:
-            if is_gpu_pool(pool):
+            if instances.uses_own_placement(pool):
                 steps.append(
                     Step(
                         f"Create placement policy for {pool['id']}",
@@ -225,7 +225,11 @@ class GceBackend(Backend):
                 Step(
                     "Wait for nodes to register idle",
                     lambda ctx: slurm_waits.wait_idle(
-                        self.slurm(cluster), wanted, settings.GCE_STARTUP_TIMEOUT, interval=settings.GCE_POLL_INTERVAL
+                        self.slurm(cluster),
+                        wanted,
+                        settings.GCE_STARTUP_TIMEOUT,
+                        interval=settings.GCE_POLL_INTERVAL,
+                        failed=lambda waiting: instances.failed_startups(cloud, waiting),
                     ),
                 )
             )

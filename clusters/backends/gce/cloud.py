@@ -58,6 +58,11 @@ class Cloud:
 
     @property
     def network_url(self):
+        """The cluster's VPC: the spec's own path when it names one (a Shared VPC lives in its host
+        project, not the console's), else this project's network of that name."""
+        given = "" if self.network_block.get("create") else self.spec["network"]["network"].strip("/")
+        if given.startswith("projects/"):
+            return given
         return f"projects/{self.project}/global/networks/{self.network_name}"
 
     @property
@@ -111,18 +116,24 @@ class Cloud:
         self.wait(operation, what)
 
     def wait(self, operation, what):
-        """Poll a Compute operation to DONE with the operation clients, then raise its error if any."""
+        """Wait for a Compute operation to be DONE with the operation clients' `wait` (a long poll: it
+        answers when the operation is DONE or after about two minutes, maybe sooner), sleeping only
+        when it answered early; then raise the operation's error if any.
+        https://cloud.google.com/compute/docs/api/how-tos/api-requests-responses#handling_api_responses"""
         from google.cloud import compute_v1
 
         deadline = time.monotonic() + settings.GCE_OPERATION_TIMEOUT
         op = operation
+        first = True
         while op.status != compute_v1.Operation.Status.DONE:
             if time.monotonic() > deadline:
                 raise TransientBackendError(
                     f"{what}: operation {op.name} still running after {settings.GCE_OPERATION_TIMEOUT} s"
                 )
             heartbeat(f"{what}: waiting for Compute operation {op.name}")
-            time.sleep(settings.GCE_POLL_INTERVAL)
+            if not first:
+                time.sleep(settings.GCE_POLL_INTERVAL)
+            first = False
             if op.zone:
                 op = self.c.zone_operations.wait(
                     project=self.project, zone=op.zone.rsplit("/", 1)[-1], operation=op.name

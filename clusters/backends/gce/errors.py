@@ -2,7 +2,7 @@
 
 import re
 
-from ...work import PermanentBackendError, TransientBackendError
+from ...work import CapacityError, PermanentBackendError, TransientBackendError
 
 CAPACITY_CODES = {
     "ZONE_RESOURCE_POOL_EXHAUSTED",
@@ -12,6 +12,10 @@ CAPACITY_CODES = {
     "RESERVATION_CAPACITY_EXCEEDED",
 }
 
+
+# Rate limits answer 403 with these reasons: wait and try again, it is no missing permission.
+# https://cloud.google.com/compute/api-quotas#rate_limits ("rateLimitExceeded" on 403s)
+RATE_LIMIT_CODES = {"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"}
 
 QUOTA = re.compile(r"Quota '(?P<quota>[A-Z0-9_]+)' exceeded\.\s+Limit: (?P<limit>[\d.]+)(?: in (?P<where>[\w -]+))?")
 PERMISSION = re.compile(r"Required '(?P<permission>[\w.]+)' permission for '(?P<resource>[^']+)'")
@@ -37,6 +41,8 @@ def map_api_error(exc, what=""):
 def map_message(code, message, what, http_status=None):
     """A user-facing BackendError for a Compute error: which quota, which permission, which capacity."""
     prefix = f"{what}: " if what else ""
+    if code in RATE_LIMIT_CODES:  # before quotas: a rate limit's message names a quota too
+        return TransientBackendError(f"{prefix}Compute's API rate limit was reached ({code}); retrying with backoff")
     quota = QUOTA.search(message or "")
     if code == "QUOTA_EXCEEDED" or quota:
         if quota:
@@ -53,11 +59,9 @@ def map_message(code, message, what, http_status=None):
         )
         return PermanentBackendError(f"{prefix}permission denied: {detail}")
     if code in CAPACITY_CODES or "does not have enough resources" in (message or ""):
-        return TransientBackendError(
-            f"{prefix}no capacity in the zone or reservation right now ({code}); retrying with backoff"
-        )
+        return CapacityError(f"{prefix}no capacity in the zone or reservation right now ({code})")
     if "machineType" in (message or "") or "Machine type" in (message or ""):
         return PermanentBackendError(f"{prefix}invalid machine type for this zone: {message}")
-    if http_status in (429, 500, 502, 503, 504) or code in ("rateLimitExceeded", "backendError", "ServiceUnavailable"):
+    if http_status in (429, 500, 502, 503, 504) or code in ("backendError", "ServiceUnavailable"):
         return TransientBackendError(f"{prefix}{message}")
     return PermanentBackendError(f"{prefix}{message}")

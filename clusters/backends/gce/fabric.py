@@ -3,12 +3,19 @@
     a3-megagpu-8g             1 system gVNIC + 8 GPU NICs (GPUDirect-TCPXO), one VPC each: 9 NICs
     a3-ultragpu-8g, a4-...    2 gVNIC VPCs + 1 RDMA (RoCE) VPC with 8 subnets, 8 MRDMA NICs: 10 NICs
 
+Their subnets take addresses from 100.64.0.0/10 (RFC 6598 shared space, valid for VPC subnets:
+https://cloud.google.com/vpc/docs/subnets#valid-ranges), never from 172.16.0.0/12: A3 Mega's TCPXO
+receive-datapath manager runs in Docker, whose default bridge is 172.17.0.0/16. The RDMA VPC takes no
+firewall rules (https://cloud.google.com/vpc/docs/rdma-network-profiles).
+
 Source: Cluster Toolkit's examples/machine-learning/a3-megagpu-8g, a3-ultragpu-8g and a4-highgpu-8g
 (clusters/data/reference_architectures.json). The console builds these only on the VPCs it creates
 (`console.network.create`); on an existing VPC a node gets the one NIC of that VPC.
 """
 
 from dataclasses import dataclass, field
+
+from .names import rdma_profile
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
@@ -37,16 +44,16 @@ def nets(cloud, layout):
     prefix = cloud.n.prefix
     if layout == "tcpxo":
         found = [
-            Net(f"{prefix}-gpu{i}", TCPXO_MTU, [(f"{prefix}-gpu{i}-sub", f"172.{16 + i}.0.0/16")]) for i in range(8)
+            Net(f"{prefix}-gpu{i}", TCPXO_MTU, [(f"{prefix}-gpu{i}-sub", f"100.{64 + i}.0.0/16")]) for i in range(8)
         ]
     elif layout == "rdma":
-        profile = f"projects/{cloud.project}/global/networkProfiles/{cloud.zone}-vpc-roce"
+        profile = rdma_profile(cloud.project, cloud.zone)
         found = [
-            Net(f"{prefix}-net2", RDMA_MTU, [(f"{prefix}-net2-sub", "172.24.0.0/16")]),
+            Net(f"{prefix}-net2", RDMA_MTU, [(f"{prefix}-net2-sub", "100.72.0.0/16")]),
             Net(
                 f"{prefix}-rdma",
                 RDMA_MTU,
-                [(f"{prefix}-rdma-sub{i}", f"172.25.{16 * i}.0/20") for i in range(8)],
+                [(f"{prefix}-rdma-sub{i}", f"100.{80 + i}.0.0/16") for i in range(8)],
                 nic_type="MRDMA",
                 profile=profile,
             ),
@@ -54,7 +61,7 @@ def nets(cloud, layout):
     else:
         return []
     for net in found:
-        net.internal_firewall = f"{net.name}-internal"
+        net.internal_firewall = "" if net.profile else f"{net.name}-internal"
     return found
 
 
@@ -86,7 +93,8 @@ def extra_interfaces(cloud, pool):
 
 
 def create_fabric(cloud):
-    """The extra VPCs, their subnets and a firewall rule admitting the cluster's own VMs on each."""
+    """The extra VPCs, their subnets and a firewall rule admitting the cluster's own VMs on each (but the
+    RDMA VPC, which takes none)."""
     from google.cloud import compute_v1
 
     for net in cluster_nets(cloud):
@@ -112,6 +120,8 @@ def create_fabric(cloud):
                     project=cloud.project, region=cloud.region, subnetwork_resource=r
                 ),
             )
+        if not net.internal_firewall:
+            continue
         rule = compute_v1.Firewall(
             name=net.internal_firewall,
             network=url,
@@ -129,11 +139,12 @@ def create_fabric(cloud):
 
 def delete_fabric(cloud):
     for net in reversed(cluster_nets(cloud)):
-        cloud.remove(
-            f"firewall rule {net.internal_firewall}",
-            lambda n=net: cloud.c.firewalls.get(project=cloud.project, firewall=n.internal_firewall),
-            lambda n=net: cloud.c.firewalls.delete_unary(project=cloud.project, firewall=n.internal_firewall),
-        )
+        if net.internal_firewall:
+            cloud.remove(
+                f"firewall rule {net.internal_firewall}",
+                lambda n=net: cloud.c.firewalls.get(project=cloud.project, firewall=n.internal_firewall),
+                lambda n=net: cloud.c.firewalls.delete_unary(project=cloud.project, firewall=n.internal_firewall),
+            )
         for subnet, _cidr in net.subnets:
             cloud.remove(
                 f"subnetwork {subnet}",

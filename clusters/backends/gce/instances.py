@@ -7,6 +7,7 @@ from django.conf import settings
 
 from ...choices import NodeRole, NodeState
 from ...spec import pool_node_count
+from ...spec.catalog import machine_type_info
 from ...work import PermanentBackendError, TransientBackendError, heartbeat
 from . import fabric, slurm_conf
 from .errors import map_api_error
@@ -51,22 +52,95 @@ def image_for(pool, role):
     return settings.GCE_IMAGE
 
 
-def instance_properties(cloud, pool, role):
+# The spec's provisioning models as Compute's. RESERVATION is STANDARD with a reservation affinity, or
+# RESERVATION_BOUND for machine types obtained only through future reservations (A4X, A4, A3 Ultra:
+# clusters/data/machine_types.json `reservation_bound`), whose VMs end with their reservation.
+# https://cloud.google.com/compute/docs/reference/rest/v1/instances (Scheduling.provisioningModel)
+PROVISIONING_MODELS = {"ON_DEMAND": "STANDARD", "SPOT": "SPOT", "FLEX_START": "FLEX_START", "RESERVATION": "STANDARD"}
+
+
+def provisioning_model(pool):
+    model = pool.get("provisioning_model") or "ON_DEMAND"
+    info = machine_type_info(pool["machine_spec"]["machine_type"])
+    if model == "RESERVATION" and info and info.reservation_bound:
+        return "RESERVATION_BOUND"
+    return PROVISIONING_MODELS[model]
+
+
+def scheduling_for(pool):
+    """GPU machines cannot live-migrate, and Spot, Flex-start and reservation-bound VMs end rather than
+    move or restart: all of them TERMINATE on host maintenance.
+    https://cloud.google.com/compute/docs/instances/live-migration-process#limitations,
+    https://cloud.google.com/compute/docs/instances/spot#limitations"""
     from google.cloud import compute_v1
 
-    machine = pool["machine_spec"]
-    disk = pool.get("boot_disk") or {}
-    model = pool.get("provisioning_model", "ON_DEMAND")
+    model = provisioning_model(pool)
+    ends = model in ("SPOT", "FLEX_START", "RESERVATION_BOUND")
     scheduling = compute_v1.Scheduling(
-        provisioning_model="SPOT" if model == "SPOT" else ("FLEX_START" if model == "FLEX_START" else "STANDARD"),
-        on_host_maintenance="TERMINATE" if is_gpu_pool(pool) else "MIGRATE",
+        provisioning_model=model,
+        on_host_maintenance="TERMINATE" if is_gpu_pool(pool) or ends else "MIGRATE",
         automatic_restart=model not in ("SPOT", "FLEX_START"),
     )
-    if model in ("SPOT", "FLEX_START"):
+    if ends:
         scheduling.instance_termination_action = "DELETE"
     if model == "FLEX_START":
         # Flex-start VMs run for a bounded time; the cloud deletes them after it (then they are recreated).
         scheduling.max_run_duration = compute_v1.Duration(seconds=int(settings.GCE_FLEX_START_MAX_RUN_HOURS * 3600))
+    return scheduling
+
+
+def reservation_names(cloud, values):
+    """The spec's reservations as the API names them: a name for one of this project's, or
+    projects/P/reservations/N for one shared from project P; the service's JSON may give the full path
+    projects/P/zones/Z/reservations/N (https://cloud.google.com/compute/docs/instances/reservations-consume)."""
+    names = []
+    for value in values:
+        parts = value.strip("/").split("/")
+        name = parts[-1]
+        owner = parts[1] if len(parts) >= 4 and parts[0] == "projects" else cloud.project
+        names.append(name if owner == cloud.project else f"projects/{owner}/reservations/{name}")
+    return names
+
+
+def reservation_affinity(cloud, pool):
+    from google.cloud import compute_v1
+
+    affinity = pool["machine_spec"].get("reservation_affinity")
+    if not affinity:
+        return None
+    kind = affinity.get("reservation_affinity_type") or "SPECIFIC_RESERVATION"
+    if kind != "SPECIFIC_RESERVATION":
+        return compute_v1.ReservationAffinity(consume_reservation_type=kind)
+    return compute_v1.ReservationAffinity(
+        consume_reservation_type=kind,
+        key=affinity.get("key") or "compute.googleapis.com/reservation-name",
+        values=reservation_names(cloud, affinity.get("values") or []),
+    )
+
+
+def reservation_policies(cloud, affinity):
+    """The placement policies of the specific reservation the pool consumes: VMs consuming it carry
+    these and no other (https://cloud.google.com/compute/docs/instances/placement-policies-overview)."""
+    name = affinity.values[0]
+    if name.startswith("projects/"):
+        project, name = name.split("/")[1], name.rsplit("/", 1)[-1]
+    else:
+        project = cloud.project
+    reservation = cloud.get(lambda: cloud.c.reservations.get(project=project, zone=cloud.zone, reservation=name))
+    return list((reservation.resource_policies or {}).values()) if reservation else []
+
+
+def disk_type(cloud, kind, in_template):
+    """A template names the disk type; an instance takes its URL in the zone.
+    https://cloud.google.com/compute/docs/reference/rest/v1/instances (AttachedDiskInitializeParams.diskType)"""
+    return kind if in_template else f"zones/{cloud.zone}/diskTypes/{kind}"
+
+
+def instance_properties(cloud, pool, role, in_template=True):
+    from google.cloud import compute_v1
+
+    machine = pool["machine_spec"]
+    disk = pool.get("boot_disk") or {}
     properties = compute_v1.InstanceProperties(
         machine_type=machine["machine_type"],
         labels={**cloud.labels, "tcc-pool": pool["id"], "tcc-role": role},
@@ -78,7 +152,7 @@ def instance_properties(cloud, pool, role):
                 initialize_params=compute_v1.AttachedDiskInitializeParams(
                     source_image=image_for(pool, role),
                     disk_size_gb=int(disk.get("boot_disk_size_gb", 100)),
-                    disk_type=disk.get("boot_disk_type", "pd-balanced"),
+                    disk_type=disk_type(cloud, disk.get("boot_disk_type", "pd-balanced"), in_template),
                 ),
             )
         ],
@@ -92,7 +166,7 @@ def instance_properties(cloud, pool, role):
             # The GPU fabric of the machine type (GPUDirect-TCPXO NICs, or a gVNIC + 8 RDMA NICs).
             *(fabric.extra_interfaces(cloud, pool) if role == "compute" else []),
         ],
-        scheduling=scheduling,
+        scheduling=scheduling_for(pool),
         # The munge key read at boot and gcsfuse need Google APIs: the spec's service account (or the
         # project's default one), with the cloud-platform scope; IAM then decides what it may do.
         service_accounts=[compute_v1.ServiceAccount(email=service_account(cloud), scopes=[CLOUD_PLATFORM])],
@@ -104,16 +178,23 @@ def instance_properties(cloud, pool, role):
             ]
         ),
     )
-    affinity = machine.get("reservation_affinity")
-    if affinity:
-        properties.reservation_affinity = compute_v1.ReservationAffinity(
-            consume_reservation_type="SPECIFIC_RESERVATION",
-            key=affinity.get("key", "compute.googleapis.com/reservation-name"),
-            values=affinity.get("values", []),
-        )
-    if is_gpu_pool(pool) and role == "compute":
-        properties.resource_policies = [cloud.n.placement(pool["id"])]
+    affinity = reservation_affinity(cloud, pool)
+    if affinity is not None:
+        properties.reservation_affinity = affinity
+    if role == "compute":
+        if affinity is not None and affinity.consume_reservation_type == "SPECIFIC_RESERVATION":
+            properties.resource_policies = reservation_policies(cloud, affinity)
+        elif uses_own_placement(pool):
+            properties.resource_policies = [cloud.n.placement(pool["id"])]
     return properties
+
+
+def uses_own_placement(pool):
+    """A compact placement policy of the console's own: GPU pools that consume no specific reservation
+    (a reservation brings its placement, and its VMs may carry no other)."""
+    affinity = pool["machine_spec"].get("reservation_affinity") or {}
+    specific = (affinity.get("reservation_affinity_type") or "SPECIFIC_RESERVATION") == "SPECIFIC_RESERVATION"
+    return is_gpu_pool(pool) and not (affinity and specific)
 
 
 def create_template(cloud, pool):
@@ -145,7 +226,7 @@ def create_head_nodes(cloud):
     for i in range(pool_node_count(cloud.login_pool)):
         heads.append((cloud.n.instance(f"{login_id}-{i}"), cloud.login_pool, "login", f"{login_id}-{i}"))
     for name, pool, role, node in heads:
-        properties = instance_properties(cloud, pool, role)
+        properties = instance_properties(cloud, pool, role, in_template=False)
         instance = compute_v1.Instance(
             name=name,
             machine_type=f"zones/{cloud.zone}/machineTypes/{properties.machine_type}",
@@ -241,37 +322,43 @@ def wanted_workers(cloud, pool_id):
     )
 
 
+# "You can create up to 5,000 VMs with each call."
+# https://cloud.google.com/compute/docs/instances/multiple/about-bulk-creation#limitations
+BULK_INSERT_MAX = 5000
+
+
 def create_workers(cloud, pool):
-    """One bulkInsert for every missing node of the pool; a partial success is topped up, not redone."""
+    """bulkInsert every missing node of the pool, up to BULK_INSERT_MAX a call (one call for any pool
+    but the largest); a partial success is topped up, not redone."""
     from google.api_core import exceptions
     from google.cloud import compute_v1
 
     wanted = {cloud.n.instance(node): node for node in wanted_workers(cloud, pool["id"])}
     missing = sorted(set(wanted) - {i.name for i in list_instances(cloud, pool["id"])})
-    if not missing:
-        return
     template = f"projects/{cloud.project}/global/instanceTemplates/{cloud.n.template(pool['id'])}"
-    request = compute_v1.BulkInsertInstanceResource(
-        count=len(missing),
-        min_count=len(missing),
-        source_instance_template=template,
-        per_instance_properties={
-            name: compute_v1.BulkInsertInstanceResourcePerInstanceProperties(name=name) for name in missing
-        },
-    )
-    try:
-        operation = cloud.c.instances.bulk_insert_unary(
-            project=cloud.project, zone=cloud.zone, bulk_insert_instance_resource_resource=request
+    for start in range(0, len(missing), BULK_INSERT_MAX):
+        chunk = missing[start : start + BULK_INSERT_MAX]
+        request = compute_v1.BulkInsertInstanceResource(
+            count=len(chunk),
+            min_count=len(chunk),
+            source_instance_template=template,
+            per_instance_properties={
+                name: compute_v1.BulkInsertInstanceResourcePerInstanceProperties(name=name) for name in chunk
+            },
         )
-        cloud.wait(operation, f"bulkInsert of {len(missing)} {pool['id']} nodes")
-    except exceptions.GoogleAPICallError as exc:
-        raise map_api_error(exc, f"bulkInsert of {pool['id']} nodes") from None
-    except TransientBackendError as exc:
-        still = sorted(set(wanted) - {i.name for i in list_instances(cloud, pool["id"])})
-        created = len(missing) - len(still)
-        raise TransientBackendError(
-            f"{exc} ({created} of {len(missing)} {pool['id']} nodes created; the rest will be retried)"
-        ) from None
+        try:
+            operation = cloud.c.instances.bulk_insert_unary(
+                project=cloud.project, zone=cloud.zone, bulk_insert_instance_resource_resource=request
+            )
+            cloud.wait(operation, f"bulkInsert of {len(chunk)} {pool['id']} nodes")
+        except exceptions.GoogleAPICallError as exc:
+            raise map_api_error(exc, f"bulkInsert of {pool['id']} nodes") from None
+        except TransientBackendError as exc:
+            still = sorted(set(wanted) - {i.name for i in list_instances(cloud, pool["id"])})
+            created = len(missing) - len(still)
+            raise type(exc)(  # a CapacityError stays one: the stockout is waited out
+                f"{exc} ({created} of {len(missing)} {pool['id']} nodes created; the rest will be retried)"
+            ) from None
 
 
 def delete_removed_workers(cloud):
@@ -353,6 +440,23 @@ def startup_outcome(cloud, name):
         raise map_api_error(exc, f"reading {name}'s serial console") from None
     marks = [line.split(STARTUP_MARK, 1)[1].strip() for line in output.contents.splitlines() if STARTUP_MARK in line]
     return marks[-1] if marks else ""
+
+
+# Serial consoles read per check of the nodes still waiting: a few calls, however large the pool.
+STARTUP_CHECKS = 20
+
+
+def failed_startups(cloud, nodes):
+    """{node: "<instance>: startup script FAILED: <what>"} for the waiting compute nodes whose startup
+    failed (the node that never registers: no NVIDIA driver on the image, a mount that failed), read
+    from up to STARTUP_CHECKS of their serial consoles."""
+    found = {}
+    for node in nodes[:STARTUP_CHECKS]:
+        name = cloud.n.instance(node)
+        outcome = startup_outcome(cloud, name)
+        if outcome.startswith("FAILED"):
+            found[node] = f"{name}: startup script {outcome} (from its serial console)"
+    return found
 
 
 def wait_started(cloud):

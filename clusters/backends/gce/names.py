@@ -4,6 +4,8 @@ marker that says a resource is the cluster's own."""
 import hashlib
 from dataclasses import dataclass
 
+from ...spec.catalog import machine_type_info
+
 OWNER_LABEL = "tcc-cluster"
 MARKER = "managed-by=training-cluster-console"
 
@@ -82,5 +84,19 @@ def names_for(cluster):
     return Names(prefix) if prefix else names(cluster.project.slug, cluster.name)
 
 
+def gpu_count(pool):
+    """GPUs per machine of the pool: accelerator-optimized machine types (a2, a3, a4, g2) come with
+    theirs, so the spec's optional accelerator_count is not the only word."""
+    machine = pool.get("machine_spec", {})
+    info = machine_type_info(machine.get("machine_type", ""))
+    return int(machine.get("accelerator_count") or (info.accelerator_count if info else 0) or 0)
+
+
 def is_gpu_pool(pool):
-    return bool(pool.get("machine_spec", {}).get("accelerator_count"))
+    return gpu_count(pool) > 0
+
+
+def rdma_profile(project, zone):
+    """The zone's RoCE network profile, which RDMA VPCs are created from
+    (https://cloud.google.com/vpc/docs/rdma-network-profiles)."""
+    return f"projects/{project}/global/networkProfiles/{zone}-vpc-roce"

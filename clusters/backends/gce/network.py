@@ -1,9 +1,11 @@
 """A gce cluster's network: VPC and subnetwork (when the spec asks for new ones), firewall rules and
 private services access for Filestore and Managed Lustre; and their removal."""
 
+import time
+
 from django.conf import settings
 
-from ...work import PermanentBackendError, TransientBackendError
+from ...work import PermanentBackendError, TransientBackendError, heartbeat
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
@@ -98,24 +100,72 @@ def create_private_services_access(cloud):
             ),
         ),
     )
-    url = (
-        f"{settings.GCE_SERVICE_NETWORKING_ENDPOINT or cloud.c.endpoint or 'https://servicenetworking.googleapis.com'}"
-    )
-    session = cloud.c.session()
-    network = f"projects/{cloud.project}/global/networks/{cloud.network_name}"
-    existing = session.get(
-        f"{url}/v1/services/servicenetworking.googleapis.com/connections", params={"network": network}
-    )
+    session, url = cloud.c.session(), networking_url(cloud)
+    network = consumer_network(cloud)
+    existing = session.get(f"{url}/v1/{CONNECTIONS}", params={"network": network})
     if existing.ok and existing.json().get("connections"):
         return
     created = session.post(
-        f"{url}/v1/services/servicenetworking.googleapis.com/connections",
-        json={"network": network, "reservedPeeringRanges": [cloud.n.psa_range]},
+        f"{url}/v1/{CONNECTIONS}", json={"network": network, "reservedPeeringRanges": [cloud.n.psa_range]}
     )
     if not created.ok:
         raise PermanentBackendError(
             f"private services access peering failed: {created.status_code} {created.text[:300]}"
         )
+    await_networking(cloud, created.json(), "private services access peering")
+
+
+# Service Networking's connections of the consumer network, to Google's service producers.
+# https://cloud.google.com/service-infrastructure/docs/service-networking/reference/rest/v1/services.connections
+CONNECTIONS = "services/servicenetworking.googleapis.com/connections"
+
+
+def networking_url(cloud):
+    return settings.GCE_SERVICE_NETWORKING_ENDPOINT or cloud.c.endpoint or "https://servicenetworking.googleapis.com"
+
+
+def consumer_network(cloud):
+    """The cluster's VPC as Service Networking names it: `projects/{project NUMBER}/global/networks/N`
+    (the connections API takes the number, not the id), in the project the network lives in."""
+    project = cloud.network_url.split("/")[1]
+    return f"projects/{project_number(cloud, project)}/global/networks/{cloud.network_name}"
+
+
+def project_number(cloud, project):
+    """A project's number, from Resource Manager (v3 projects.get answers `name: projects/NUMBER`)."""
+    known = (cloud.cluster.backend_state or {}).get("project_numbers") or {}
+    if project in known:
+        return known[project]
+    url = settings.GCE_RESOURCE_MANAGER_ENDPOINT or cloud.c.endpoint or "https://cloudresourcemanager.googleapis.com"
+    answer = cloud.c.session().get(f"{url}/v3/projects/{project}")
+    if answer.status_code in (403, 404):
+        raise PermanentBackendError(
+            f"cannot read project {project} from Resource Manager ({answer.status_code}): the credentials "
+            "need resourcemanager.projects.get on it"
+        )
+    if not answer.ok:
+        raise TransientBackendError(f"reading project {project}'s number: {answer.status_code}")
+    number = answer.json()["name"].rsplit("/", 1)[-1]
+    cloud.backend.save_state(cloud.cluster, project_numbers={**known, project: number})
+    return number
+
+
+def await_networking(cloud, operation, what):
+    """Poll a Service Networking long-running operation (`operations/...`) until done; raise its error."""
+    deadline = time.monotonic() + settings.GCE_OPERATION_TIMEOUT
+    session, url = cloud.c.session(), networking_url(cloud)
+    while not operation.get("done"):
+        if time.monotonic() > deadline:
+            raise TransientBackendError(f"{what}: still running after {settings.GCE_OPERATION_TIMEOUT:.0f} s")
+        heartbeat(f"{what}: waiting for operation {operation.get('name')}")
+        time.sleep(settings.GCE_POLL_INTERVAL)
+        answer = session.get(f"{url}/v1/{operation['name']}")
+        if not answer.ok:
+            raise TransientBackendError(f"{what}: reading its operation failed: {answer.status_code}")
+        operation = answer.json()
+    if operation.get("error"):
+        error = operation["error"]
+        raise PermanentBackendError(f"{what} failed: {error.get('message') or error}")
 
 
 def delete_firewalls(cloud):
@@ -129,16 +179,18 @@ def delete_firewalls(cloud):
 
 def delete_private_services_access(cloud):
     if cloud.network_block.get("create"):
-        # The peering belongs to the network this cluster created; on a shared VPC it is left alone.
-        url = settings.GCE_SERVICE_NETWORKING_ENDPOINT or cloud.c.endpoint or "https://servicenetworking.googleapis.com"
-        network = f"projects/{cloud.project}/global/networks/{cloud.network_name}"
+        # The peering belongs to the network this cluster created; on a shared VPC it is left alone. Service
+        # Networking refuses while a producer (Filestore, Lustre) still uses it: storage goes first.
         response = cloud.c.session().post(
-            f"{url}/v1/services/servicenetworking.googleapis.com/connections/"
-            "servicenetworking-googleapis-com:deleteConnection",
-            json={"consumerNetwork": network},
+            f"{networking_url(cloud)}/v1/{CONNECTIONS}/servicenetworking-googleapis-com:deleteConnection",
+            json={"consumerNetwork": consumer_network(cloud)},
         )
-        if not response.ok and response.status_code != 404:
-            raise TransientBackendError(f"deleting the private services peering failed: {response.status_code}")
+        if response.ok:
+            await_networking(cloud, response.json(), "deleting the private services peering")
+        elif response.status_code != 404:
+            raise TransientBackendError(
+                f"deleting the private services peering failed: {response.status_code} {response.text[:300]}"
+            )
     cloud.remove(
         f"private services range {cloud.n.psa_range}",
         lambda: cloud.c.addresses.get(project=cloud.project, address=cloud.n.psa_range),

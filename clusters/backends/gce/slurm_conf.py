@@ -6,12 +6,12 @@ from pathlib import Path
 from django.conf import settings
 
 from ...choices import NodeRole
-from ...slurm import hooks
+from ...slurm import hooks, hostlist
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from ...work import TransientBackendError
 from .errors import map_api_error
-from .names import is_gpu_pool
+from .names import gpu_count, is_gpu_pool
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
@@ -105,7 +105,7 @@ def change_metadata(cloud, name, change, what):
 
 
 def render(cloud):
-    """slurm.conf for the VMs: configless slurmd, one NodeName line per node, the spec's scheduling."""
+    """slurm.conf for the VMs: configless slurmd, one NodeName line per pool, the spec's scheduling."""
     slurm = cloud.spec["orchestrator_spec"]["slurm_spec"]
     lines = [
         "# Written by the console's gce backend; the controller's agent reloads it when it changes.",
@@ -149,18 +149,23 @@ def render(cloud):
             wanted.setdefault(node.node_pool.pool_id, []).append(node.name)
     for pool in cloud.compute_pools:
         info = machine_type_info(pool["machine_spec"]["machine_type"])
-        gpus = int(pool["machine_spec"].get("accelerator_count") or 0)
-        for node in sorted(wanted.get(pool["id"], []), key=lambda n: int(n.rsplit("-", 1)[1])):
-            memory = int(info.memory_gb * 1024 * 0.9)  # leave the OS a tenth
-            line = f"NodeName={node} NodeHostname={cloud.n.instance(node)} CPUs={info.vcpus} RealMemory={memory}"
-            lines.append(line + (f" Gres=gpu:{gpus}" if gpus else "") + " State=UNKNOWN")
+        gpus = gpu_count(pool)
+        nodes = wanted.get(pool["id"], [])
+        if not nodes:
+            continue
+        # One line per pool, in hostlist expressions (NodeHostname with as many entries as NodeName):
+        # a 10,000-node pool is one line, and slurm.conf stays within Compute's 256 KB metadata value.
+        memory = int(info.memory_gb * 1024 * 0.9)  # leave the OS a tenth
+        hosts = hostlist.compress(cloud.n.instance(n) for n in nodes)
+        line = f"NodeName={hostlist.compress(nodes)} NodeHostname={hosts} CPUs={info.vcpus} RealMemory={memory}"
+        lines.append(line + (f" Gres=gpu:{gpus}" if gpus else "") + " State=UNKNOWN")
     lines.append("")
     for i, partition in enumerate(slurm["partitions"]):
         nodes = [n for pool_id in partition["node_pool_ids"] for n in wanted.get(pool_id, [])]
         if nodes:
             gpu = any(is_gpu_pool(p) for p in cloud.compute_pools if p["id"] in partition["node_pool_ids"])
             lines.append(
-                f"PartitionName={partition['id']} Nodes={','.join(nodes)} Default={'YES' if i == 0 else 'NO'} "
+                f"PartitionName={partition['id']} Nodes={hostlist.compress(nodes)} Default={'YES' if i == 0 else 'NO'} "
                 f"MaxTime=INFINITE State=UP{' OverSubscribe=EXCLUSIVE' if gpu else ''}"
             )
     return "\n".join(lines) + "\n"
@@ -178,11 +183,11 @@ def render_gres(cloud):
             wanted.setdefault(node.node_pool.pool_id, []).append(node.name)
     lines = ["# Written by the console's gce backend."]
     for pool in cloud.compute_pools:
-        gpus = int(pool["machine_spec"].get("accelerator_count") or 0)
+        gpus = gpu_count(pool)
         nodes = sorted(wanted.get(pool["id"], []), key=lambda n: int(n.rsplit("-", 1)[1]))
         if gpus and nodes:
             devices = "/dev/nvidia0" if gpus == 1 else f"/dev/nvidia[0-{gpus - 1}]"
-            lines.append(f"NodeName={','.join(nodes)} Name=gpu File={devices}")
+            lines.append(f"NodeName={hostlist.compress(nodes)} Name=gpu File={devices}")
     return "\n".join(lines) + "\n"
 
 
@@ -194,7 +199,7 @@ def startup_script(cloud, pool, role):
         for b in storage.get("gcs_buckets", [])
     ]
     state = cloud.cluster.backend_state or {}
-    gpus = int(pool["machine_spec"].get("accelerator_count") or 0) if role == "compute" else 0
+    gpus = gpu_count(pool) if role == "compute" else 0
     values = {
         "ROLE": role,
         "CLUSTER": cloud.n.prefix,

@@ -72,8 +72,11 @@ listening() {  # listening PORT: wait up to 60 s until something accepts connect
 resolvable() {  # wait up to 2 minutes until every node's host name in slurm.conf resolves
   # slurmctld resolves them all when it starts, and one the VPC's DNS does not know yet (its instance is
   # still being made) costs it 5 attempts of 11 s each (measured): waiting here is shorter.
-  local names
-  names=$(sed -n 's/.*NodeHostname=\([^ ]*\).*/\1/p' /etc/slurm/slurm.conf)
+  local names expression
+  # NodeHostname= is a hostlist expression (one line per pool): scontrol expands it (slurm-client).
+  for expression in $(sed -n 's/.*NodeHostname=\([^ ]*\).*/\1/p' /etc/slurm/slurm.conf); do
+    names+=" $(SLURM_CONF=/etc/slurm/slurm.conf scontrol show hostnames "$expression" | tr '\n' ' ')"
+  done
   for _ in $(seq 120); do
     local missing=""
     for name in $names; do getent hosts "$name" >/dev/null || missing=$name; done
@@ -81,6 +84,13 @@ resolvable() {  # wait up to 2 minutes until every node's host name in slurm.con
     sleep 1
   done
   echo "tcc-startup: $missing does not resolve yet; starting slurmctld all the same"
+}
+
+user_startup() {  # the node pool's own startup_script from the spec
+  cat > /run/tcc/user-startup.sh <<'USER_SCRIPT'
+@USER_SCRIPT@
+USER_SCRIPT
+  bash /run/tcc/user-startup.sh || fail "the node pool's own startup_script"
 }
 
 write_hooks() {  # the Prolog and Epilog from the metadata (configless slurmds are not sent them)
@@ -246,6 +256,9 @@ exit 0
 HEALTH
     chmod 0755 /etc/slurm/healthcheck.sh
     write_hooks  # slurm.conf names /etc/slurm/prolog.sh and epilog.sh when the spec has them
+    # The pool's own script runs before slurmd: a node whose setup failed never takes a job, and the
+    # console reads the failure from the serial console instead of waiting for a node that never comes.
+    user_startup
     # Configless: slurmd fetches slurm.conf from the controller (started again until the controller
     # knows this node); the node name is the instance name less the cluster's prefix.
     daemon tcc-slurmd slurmd -D --conf-server "$CONTROLLER" -N "$NODE"
@@ -256,9 +269,7 @@ HEALTH
     ;;
 esac
 
-# The pool's own startup_script from the spec runs last.
-cat > /run/tcc/user-startup.sh <<'USER_SCRIPT'
-@USER_SCRIPT@
-USER_SCRIPT
-bash /run/tcc/user-startup.sh || fail "the node pool's own startup_script"
+if [ "$ROLE" != compute ]; then
+  user_startup  # the controller's and login nodes' own script runs with Slurm up
+fi
 echo "tcc-startup: done"  # the console waits for this line on the serial console

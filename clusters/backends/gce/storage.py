@@ -4,7 +4,12 @@ Nodes mount them by the addresses the services give, never by instance name: Fil
 share (`10.0.0.2:/home`), Managed Lustre by its mount point (`10.0.0.3@tcp:/lustrefs`). Both are
 read after the create and kept in backend_state for the startup script."""
 
-from ...work import TransientBackendError
+import time
+
+from django.conf import settings
+
+from ...spec.console_block import storage_tiers
+from ...work import TransientBackendError, heartbeat
 from .errors import map_api_error
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
@@ -15,8 +20,8 @@ def create_filestore(cloud):
     from google.cloud import filestore_v1
 
     home = cloud.storage["filestore_home"]
-    parent = f"projects/{cloud.project}/locations/{cloud.zone}"
-    name = f"{parent}/instances/{cloud.n.filestore}"
+    name = filestore_name(cloud)
+    parent = name.rsplit("/instances/", 1)[0]
     cloud.ensure_lro(
         f"Filestore {cloud.n.filestore}",
         lambda: cloud.c.filestore.get_instance(name=name),
@@ -69,12 +74,24 @@ def create_lustre(cloud):
     cloud.backend.save_state(cloud.cluster, lustre_mount_point=found.mount_point)
 
 
+def filestore_name(cloud):
+    """Filestore's full name: in the zone for basic, zonal and high scale tiers, in the region for regional
+    and enterprise ones (https://cloud.google.com/filestore/docs/service-tiers)."""
+    tier = (cloud.storage.get("filestore_home") or {}).get("tier", "")
+    regional = storage_tiers()["filestore"].get(tier, {}).get("location") == "region"
+    return (
+        f"projects/{cloud.project}/locations/{cloud.region if regional else cloud.zone}/instances/{cloud.n.filestore}"
+    )
+
+
 def delete_storage(cloud):
+    """Delete Managed Lustre and Filestore and wait until they are gone: the private services peering
+    they use can be removed only after them."""
     from google.api_core import exceptions
 
-    parent = f"projects/{cloud.project}/locations/{cloud.zone}"
-    for client, name in ((cloud.c.lustre, cloud.n.lustre), (cloud.c.filestore, cloud.n.filestore)):
-        full = f"{parent}/instances/{name}"
+    lustre = f"projects/{cloud.project}/locations/{cloud.zone}/instances/{cloud.n.lustre}"
+    deleting = []
+    for client, full in ((cloud.c.lustre, lustre), (cloud.c.filestore, filestore_name(cloud))):
         existing = cloud.get(lambda c=client, f=full: c.get_instance(name=f))
         if existing is None or not cloud.owned(existing):
             continue
@@ -83,4 +100,12 @@ def delete_storage(cloud):
         except exceptions.NotFound:
             continue
         except exceptions.GoogleAPICallError as exc:
-            raise map_api_error(exc, name) from None
+            raise map_api_error(exc, full.rsplit("/", 1)[-1]) from None
+        deleting.append((client, full))
+    deadline = time.monotonic() + settings.GCE_OPERATION_TIMEOUT
+    for client, full in deleting:
+        while cloud.get(lambda c=client, f=full: c.get_instance(name=f)) is not None:
+            if time.monotonic() > deadline:
+                raise TransientBackendError(f"{full.rsplit('/', 1)[-1]} is still being deleted")
+            heartbeat(f"waiting for {full.rsplit('/', 1)[-1]} to be deleted")
+            time.sleep(settings.GCE_POLL_INTERVAL)

@@ -1,0 +1,359 @@
+"""What the real Compute Engine API refuses, as rules the fake (tests/fake_compute.py) enforces.
+
+Each rule names the documentation page it comes from and answers as Google does: an HTTP error
+with `{"error": {"code", "message", "errors": [{"message", "domain", "reason"}]}}`. Where the page
+gives the error text we use it; elsewhere the message is ours, in Google's form ("Invalid value for
+field '<path>': '<value>'. <why>"), with the reason Google uses for that class of error (`invalid`,
+`badRequest`, `resourceInUseByAnotherResource`).
+
+A rule sees one request (`Request`): what it does (`insert`, `bulkInsert`, `setMetadata`, `delete`),
+the collection, the body, and the instance properties it carries (an instance's own body, a
+template's `properties`, a bulkInsert's `instanceProperties` or its source template's).
+"""
+
+import json
+import re
+from dataclasses import dataclass, field
+
+# Machine families whose machine types come with GPUs (no guestAccelerators in the request).
+# https://cloud.google.com/compute/docs/accelerator-optimized-machines
+GPU_FAMILIES = ("a2", "a3", "a4", "a4x", "g2")
+
+# Machine series that take Hyperdisk only (no Persistent Disk, boot disks included).
+# https://cloud.google.com/compute/docs/accelerator-optimized-machines#supported_disk_types (A4X, A4,
+# A3 Ultra) and https://cloud.google.com/compute/docs/disks/hyperdisks#machine-type-support (C4, N4).
+HYPERDISK_ONLY = ("a4x-", "a4-", "a3-ultragpu-", "c4-", "c4a-", "c4d-", "n4-")
+
+# https://cloud.google.com/vpc/docs/mtu: "The MTU of a VPC network can be any value from 1300 to 8896 bytes."
+MTU_RANGE = (1300, 8896)
+
+# https://cloud.google.com/compute/docs/metadata/setting-custom-metadata#limitations:
+# 256 KB for each value, 512 KB for all of an instance's metadata together.
+METADATA_VALUE_BYTES = 256 * 1024
+METADATA_TOTAL_BYTES = 512 * 1024
+
+# https://cloud.google.com/compute/docs/instances/multiple/about-bulk-creation#limitations
+# ("Number of VMs. You can create up to 5,000 VMs with each call.")
+BULK_INSERT_MAX = 5000
+
+RESERVATION_TYPES = ("ANY_RESERVATION", "SPECIFIC_RESERVATION", "NO_RESERVATION")
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+# A reservation in SPECIFIC affinity: its name, or projects/P/reservations/N for one shared from P.
+# https://cloud.google.com/compute/docs/instances/reservations-consume#consuming_a_specific_shared_reservation
+RESERVATION_VALUE = re.compile(r"(projects/[a-z][-a-z0-9]*/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+# A disk type in an instance: a full or partial URL. In an instance template: the type's name alone.
+# https://cloud.google.com/compute/docs/reference/rest/v1/instances (AttachedDiskInitializeParams.diskType:
+# "you can provide either the full or partial URL ... Note that for InstanceTemplate, this is the name
+# of the disk type, not URL.")
+DISK_TYPE_URL = re.compile(
+    r"(https://[^/]+/compute/v1/)?(projects/[^/]+/)?zones/(?P<zone>[^/]+)/diskTypes/[a-z0-9-]+\Z"
+)
+DISK_TYPE_NAME = re.compile(r"[a-z][a-z0-9-]*\Z")
+
+
+@dataclass
+class Request:
+    verb: str  # insert, bulkInsert, setMetadata, delete
+    collection: str  # instances, instanceTemplates, networks, firewalls, subnetworks
+    body: dict
+    project: str
+    zone: str = ""
+    properties: dict = field(default_factory=dict)  # the instance properties it carries
+    at: str = "resource"  # where those properties sit in the request, for Google's field paths
+    resources: dict = field(default_factory=dict)  # the fake's resources (read only)
+    name: str = ""  # the resource a delete names
+
+
+@dataclass
+class Refusal:
+    status: int
+    reason: str
+    message: str
+
+
+@dataclass
+class Rule:
+    name: str
+    source: str
+    applies: tuple  # ((verb, collection), ...)
+    check: object  # Request -> Refusal | None
+
+
+RULES = []
+
+
+def rule(source, *applies):
+    def register(check):
+        RULES.append(Rule(check.__name__, source, applies, check))
+        return check
+
+    return register
+
+
+def refuse(request, path, value, why, reason="invalid"):
+    return Refusal(400, reason, f"Invalid value for field '{path}': '{value}'. {why}")
+
+
+def machine_type(properties):
+    return (properties.get("machineType") or "").rsplit("/", 1)[-1]
+
+
+def family(properties):
+    return machine_type(properties).split("-", 1)[0]
+
+
+def boot_disks(properties):
+    return [(i, d) for i, d in enumerate(properties.get("disks") or []) if d.get("initializeParams")]
+
+
+INSTANCE_REQUESTS = (("insert", "instances"), ("insert", "instanceTemplates"), ("bulkInsert", "instances"))
+
+
+@rule("https://cloud.google.com/compute/docs/reference/rest/v1/instances", ("insert", "instances"),
+      ("bulkInsert", "instances"))  # fmt: skip
+def disk_type_is_a_url_in_instances(request):
+    if request.collection == "instances" and request.at.endswith("instanceProperties"):
+        return disk_type_is_a_name_in_templates(request)  # instanceProperties take names, as templates do
+    for i, disk in boot_disks(request.properties):
+        value = disk["initializeParams"].get("diskType")
+        if value is None:
+            continue
+        match = DISK_TYPE_URL.match(value)
+        if not match:
+            return refuse(request, f"{request.at}.disks[{i}].initializeParams.diskType", value,
+                          "The URL is malformed.")  # fmt: skip
+        if request.zone and match["zone"] != request.zone:
+            return refuse(request, f"{request.at}.disks[{i}].initializeParams.diskType", value,
+                          f"Disk type must be in zone {request.zone}.")  # fmt: skip
+    return None
+
+
+@rule("https://cloud.google.com/compute/docs/reference/rest/v1/instanceTemplates", ("insert", "instanceTemplates"))
+def disk_type_is_a_name_in_templates(request):
+    for i, disk in boot_disks(request.properties):
+        value = disk["initializeParams"].get("diskType")
+        if value is not None and not DISK_TYPE_NAME.match(value):
+            return refuse(request, f"{request.at}.disks[{i}].initializeParams.diskType", value,
+                          "Must be the name of a disk type, not a URL.")  # fmt: skip
+    return None
+
+
+@rule("https://cloud.google.com/compute/docs/accelerator-optimized-machines#supported_disk_types", *INSTANCE_REQUESTS)
+def hyperdisk_only_machine_types_boot_from_hyperdisk(request):
+    machine = machine_type(request.properties)
+    if not machine.startswith(HYPERDISK_ONLY):
+        return None
+    for i, disk in boot_disks(request.properties):
+        kind = (disk["initializeParams"].get("diskType") or "pd-standard").rsplit("/", 1)[-1]
+        if not kind.startswith("hyperdisk-"):
+            return refuse(request, f"{request.at}.disks[{i}].initializeParams.diskType", kind,
+                          f"Machine type {machine} supports only Hyperdisk disk types.")  # fmt: skip
+    return None
+
+
+@rule("https://cloud.google.com/compute/docs/instances/live-migration-process#limitations", *INSTANCE_REQUESTS)
+def gpu_machines_terminate_on_host_maintenance(request):
+    properties = request.properties
+    if family(properties) not in GPU_FAMILIES and not properties.get("guestAccelerators"):
+        return None
+    scheduling = properties.get("scheduling") or {}
+    if scheduling.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
+        return Refusal(400, "badRequest", "Instances with guest accelerators do not support live migration.")
+    return None
+
+
+@rule("https://cloud.google.com/compute/docs/instances/spot#limitations", *INSTANCE_REQUESTS)
+def spot_and_flex_start_vms_terminate_and_do_not_restart(request):
+    scheduling = request.properties.get("scheduling") or {}
+    model = scheduling.get("provisioningModel", "STANDARD")
+    if model not in ("SPOT", "FLEX_START") and not scheduling.get("preemptible"):
+        return None
+    if scheduling.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
+        return refuse(request, f"{request.at}.scheduling.onHostMaintenance", scheduling.get("onHostMaintenance",
+                      "MIGRATE"), f"{model} instances must terminate on host maintenance.")  # fmt: skip
+    if scheduling.get("automaticRestart", True):
+        return refuse(request, f"{request.at}.scheduling.automaticRestart", "true",
+                      f"{model} instances cannot be automatically restarted.")  # fmt: skip
+    return None
+
+
+@rule("https://cloud.google.com/compute/docs/instances/reservations-consume", *INSTANCE_REQUESTS)
+def reservation_affinity_names_reservations(request):
+    affinity = request.properties.get("reservationAffinity")
+    if not affinity:
+        return None
+    kind = affinity.get("consumeReservationType", "")
+    path = f"{request.at}.reservationAffinity"
+    if kind not in RESERVATION_TYPES:
+        return refuse(
+            request, f"{path}.consumeReservationType", kind, f"Must be one of {', '.join(RESERVATION_TYPES)}."
+        )
+    if kind != "SPECIFIC_RESERVATION":
+        if affinity.get("values"):
+            return refuse(request, f"{path}.values", affinity["values"], f"Values are not allowed with {kind}.")
+        return None
+    if affinity.get("key") != RESERVATION_KEY:
+        return refuse(request, f"{path}.key", affinity.get("key", ""), f"Must be {RESERVATION_KEY}.")
+    values = affinity.get("values") or []
+    if not values:
+        return refuse(request, f"{path}.values", "", "A specific reservation must be named.")
+    for j, value in enumerate(values):
+        if not RESERVATION_VALUE.match(value):
+            why = "Must be a reservation name, or projects/PROJECT/reservations/NAME for a shared one."
+            return refuse(request, f"{path}.values[{j}]", value, why)
+    return None
+
+
+@rule("https://cloud.google.com/compute/docs/instances/reservations-with-provisioning-model", *INSTANCE_REQUESTS)
+def reservation_bound_vms_consume_a_specific_reservation(request):
+    scheduling = request.properties.get("scheduling") or {}
+    if scheduling.get("provisioningModel") != "RESERVATION_BOUND":
+        return None
+    affinity = request.properties.get("reservationAffinity") or {}
+    if affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION":
+        return refuse(request, f"{request.at}.scheduling.provisioningModel", "RESERVATION_BOUND",
+                      "RESERVATION_BOUND instances must consume a specific reservation.")  # fmt: skip
+    if scheduling.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
+        return refuse(request, f"{request.at}.scheduling.onHostMaintenance", scheduling.get("onHostMaintenance",
+                      "MIGRATE"), "RESERVATION_BOUND instances must terminate on host maintenance.")  # fmt: skip
+    return None
+
+
+@rule("https://cloud.google.com/compute/docs/instances/placement-policies-overview#restrictions-compact-policies",
+      *INSTANCE_REQUESTS)  # fmt: skip
+def a_reservation_with_its_own_placement_takes_no_other(request):
+    """VMs that consume a reservation made with a compact placement policy carry that policy, no other."""
+    affinity = request.properties.get("reservationAffinity") or {}
+    if affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION":
+        return None
+    policies = [p.rsplit("/", 1)[-1] for p in request.properties.get("resourcePolicies") or []]
+    for value in affinity.get("values") or []:
+        reservation = find_reservation(request, value)
+        if reservation is None:
+            continue
+        own = [p.rsplit("/", 1)[-1] for p in (reservation.get("resourcePolicies") or {}).values()]
+        if own and policies and policies != own:
+            return refuse(request, f"{request.at}.resourcePolicies", ",".join(policies),
+                          f"Reservation {value} uses placement policy {','.join(own)}; "
+                          "instances consuming it cannot specify another.")  # fmt: skip
+    return None
+
+
+def find_reservation(request, value):
+    name = value.rsplit("/", 1)[-1]
+    for key, resource in request.resources.items():
+        if key.endswith(f"/reservations/{name}") and "/zones/" in key:
+            return resource
+    return None
+
+
+@rule("https://cloud.google.com/compute/docs/metadata/setting-custom-metadata#limitations", *INSTANCE_REQUESTS,
+      ("setMetadata", "instances"))  # fmt: skip
+def metadata_fits_its_limits(request):
+    metadata = request.body if request.verb == "setMetadata" else request.properties.get("metadata") or {}
+    items = metadata.get("items") or []
+    total = 0
+    for item in items:
+        size = len((item.get("key") or "").encode()) + len((item.get("value") or "").encode())
+        total += size
+        if len((item.get("value") or "").encode()) > METADATA_VALUE_BYTES:
+            return Refusal(
+                400,
+                "invalid",
+                f"Invalid value for field 'resource.metadata': metadata value for key "
+                f"'{item.get('key')}' exceeds the limit of {METADATA_VALUE_BYTES} bytes.",
+            )
+    if total > METADATA_TOTAL_BYTES:
+        return Refusal(
+            400,
+            "invalid",
+            f"Invalid value for field 'resource.metadata': the metadata's total size "
+            f"{total} bytes exceeds the limit of {METADATA_TOTAL_BYTES} bytes.",
+        )
+    return None
+
+
+@rule("https://cloud.google.com/compute/docs/instances/multiple/about-bulk-creation#limitations",
+      ("bulkInsert", "instances"))  # fmt: skip
+def bulk_insert_stays_within_its_count(request):
+    count = int(request.body.get("count") or 0)
+    names = request.body.get("perInstanceProperties") or {}
+    minimum = int(request.body.get("minCount") or count)
+    if not 1 <= count <= BULK_INSERT_MAX:
+        return refuse(request, "resource.count", count, f"Must be between 1 and {BULK_INSERT_MAX}.")
+    if len(names) > count:
+        return refuse(request, "resource.perInstanceProperties", len(names), "More instances named than count.")
+    if minimum > count:
+        return refuse(request, "resource.minCount", minimum, "Must not be greater than count.")
+    return None
+
+
+@rule("https://cloud.google.com/vpc/docs/mtu", ("insert", "networks"))
+def network_mtu_in_range(request):
+    mtu = request.body.get("mtu")
+    if mtu is not None and not MTU_RANGE[0] <= int(mtu) <= MTU_RANGE[1]:
+        return refuse(request, "resource.mtu", mtu, f"Must be between {MTU_RANGE[0]} and {MTU_RANGE[1]}.")
+    return None
+
+
+@rule("https://cloud.google.com/vpc/docs/rdma-network-profiles", ("insert", "firewalls"))
+def rdma_networks_take_no_firewall_rules(request):
+    network = find_network(request, request.body.get("network", ""))
+    if network and "vpc-roce" in (network.get("networkProfile") or ""):
+        return refuse(request, "resource.network", request.body["network"],
+                      "Firewall rules are not supported on networks with an RDMA (RoCE) network profile.")  # fmt: skip
+    return None
+
+
+def find_network(request, url):
+    name = url.rsplit("/", 1)[-1]
+    return request.resources.get(f"/compute/v1/projects/{request.project}/global/networks/{name}")
+
+
+@rule("https://cloud.google.com/vpc/docs/create-modify-vpc-networks#deleting_a_network", ("delete", "networks"),
+      ("delete", "subnetworks"))  # fmt: skip
+def a_network_in_use_is_not_deleted(request):
+    """Firewall rules, subnets, addresses and instances that use a network (or a subnet's instances) first."""
+    kind = "network" if request.collection == "networks" else "subnetwork"
+    mine = f"projects/{request.project}/{'global' if kind == 'network' else ''}"
+    target = f"{request.collection}/{request.name}"
+    for key, resource in request.resources.items():
+        if not key.startswith("/compute/v1/") or key.endswith(target):
+            continue
+        uses = [resource.get(kind, "")]
+        uses += [nic.get(kind, "") for nic in resource.get("networkInterfaces") or []]
+        if any(u.endswith(f"/{target}") for u in uses if u):
+            user = key.removeprefix("/compute/v1/")
+            where = f"{mine.rstrip('/')}/{target}" if kind == "network" else target
+            return Refusal(400, "resourceInUseByAnotherResource",
+                           f"The {kind} resource '{where}' is already being used by '{user}'")  # fmt: skip
+    return None
+
+
+def refusal_for(request):
+    """The first rule that refuses the request, as (HTTP status, Google's error body), or None."""
+    for item in RULES:
+        if (request.verb, request.collection) in item.applies:
+            found = item.check(request)
+            if found:
+                return found.status, error_body(found.status, found.message, found.reason)
+    return None
+
+
+def error_body(status, message, reason):
+    return {
+        "error": {
+            "code": status,
+            "message": message,
+            "errors": [{"message": message, "domain": "global", "reason": reason}],
+        }
+    }
+
+
+def table():
+    """The rules as the fake enforces them: name, what they apply to, the page they come from."""
+    return [{"rule": r.name, "applies": [" ".join(a) for a in r.applies], "source": r.source} for r in RULES]
+
+
+if __name__ == "__main__":  # python -m tests.fake_rules: the table
+    print(json.dumps(table(), indent=1))

@@ -1,0 +1,394 @@
+"""Requests the real Compute API accepts: the fake refuses what Google refuses (tests/fake_rules.py),
+in Google's error shape, and the gce backend sends what Google accepts.
+
+Every rule of the fake has a case here: a request the rule refuses, sent with google-cloud-compute as
+the console sends its own, and the same request made right, which passes.
+"""
+
+from dataclasses import dataclass
+
+import pytest
+from google.api_core import exceptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1
+
+from clusters import services
+from clusters.backends import TransientBackendError, get_backend
+from clusters.backends.gce import errors
+from clusters.backends.gce.names import names
+from clusters.models import Cluster, Node
+from clusters.operations import engine
+from clusters.spec.reference import build_spec
+
+from . import fake_rules
+from .gce_fixtures import built, create, gce_spec, run_task, template_of
+
+pytestmark = pytest.mark.django_db
+
+PROJECT, ZONE = "tcc-test", "us-central1-b"
+
+
+def client(fake, cls):
+    return cls(credentials=AnonymousCredentials(), transport="rest", client_options={"api_endpoint": fake.endpoint})
+
+
+def instance(machine="n2-standard-4", disk="zones/us-central1-b/diskTypes/pd-balanced", **scheduling):
+    return {
+        "name": "vm-1",
+        "machine_type": f"zones/{ZONE}/machineTypes/{machine}",
+        "disks": [{"boot": True, "initialize_params": {"source_image": "img", "disk_type": disk}}],
+        "network_interfaces": [{"network": f"projects/{PROJECT}/global/networks/default"}],
+        "scheduling": scheduling,
+    }
+
+
+def template(disk="pd-balanced"):
+    return {
+        "name": "tpl-1",
+        "properties": {
+            "machine_type": "n2-standard-4",
+            "disks": [{"boot": True, "initialize_params": {"source_image": "img", "disk_type": disk}}],
+        },
+    }
+
+
+def insert_instance(fake, body):
+    return client(fake, compute_v1.InstancesClient).insert_unary(
+        project=PROJECT, zone=ZONE, instance_resource=compute_v1.Instance(body)
+    )
+
+
+def insert_template(fake, body):
+    return client(fake, compute_v1.InstanceTemplatesClient).insert_unary(
+        project=PROJECT, instance_template_resource=compute_v1.InstanceTemplate(body)
+    )
+
+
+def bulk_insert(fake, count, names_count=None, min_count=None):
+    body = {"count": count, "source_instance_template": f"projects/{PROJECT}/global/instanceTemplates/tpl-1"}
+    body["per_instance_properties"] = {f"vm-{i}": {"name": f"vm-{i}"} for i in range(names_count or count)}
+    if min_count:
+        body["min_count"] = min_count
+    return client(fake, compute_v1.InstancesClient).bulk_insert_unary(
+        project=PROJECT, zone=ZONE, bulk_insert_instance_resource_resource=compute_v1.BulkInsertInstanceResource(body)
+    )
+
+
+def with_metadata(size):
+    body = instance()
+    body["metadata"] = {"items": [{"key": "slurm-conf", "value": "x" * size}]}
+    return body
+
+
+def insert_network(fake, name, **fields):
+    return client(fake, compute_v1.NetworksClient).insert_unary(
+        project=PROJECT, network_resource=compute_v1.Network(name=name, auto_create_subnetworks=False, **fields)
+    )
+
+
+def insert_firewall(fake, network):
+    return client(fake, compute_v1.FirewallsClient).insert_unary(
+        project=PROJECT,
+        firewall_resource=compute_v1.Firewall(
+            name=f"{network}-fw", network=f"projects/{PROJECT}/global/networks/{network}",
+            allowed=[compute_v1.Allowed(I_p_protocol="all")], source_tags=["x"],
+        ),
+    )  # fmt: skip
+
+
+def reserved(**affinity):
+    body = instance(
+        "a3-ultragpu-8g", "zones/us-central1-b/diskTypes/hyperdisk-balanced", on_host_maintenance="TERMINATE"
+    )
+    body["reservation_affinity"] = affinity
+    return body
+
+
+SPECIFIC = {"consume_reservation_type": "SPECIFIC_RESERVATION", "key": fake_rules.RESERVATION_KEY}
+
+
+def delete_network_in_use(fake, remove_firewall):
+    insert_network(fake, "busy")
+    insert_firewall(fake, "busy")
+    if remove_firewall:
+        client(fake, compute_v1.FirewallsClient).delete_unary(project=PROJECT, firewall="busy-fw")
+    return client(fake, compute_v1.NetworksClient).delete_unary(project=PROJECT, network="busy")
+
+
+def setup_template(fake):
+    insert_template(fake, template())
+
+
+def setup_rdma_network(fake):
+    insert_network(fake, "roce", network_profile=f"projects/{PROJECT}/global/networkProfiles/{ZONE}-vpc-roce")
+    insert_network(fake, "plain")
+
+
+def setup_placed_reservation(fake):
+    fake.resources[f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/reservations/dense"] = {
+        "name": "dense",
+        "resourcePolicies": {"policy": f"projects/{PROJECT}/regions/us-central1/resourcePolicies/their-place"},
+    }
+
+
+@dataclass
+class Case:
+    rule: str
+    refused: object  # fake -> sends the request Google refuses
+    accepted: object  # fake -> sends it made right
+    message: str
+    setup: object = None
+    reason: str = "invalid"
+
+
+CASES = [
+    Case("disk_type_is_a_url_in_instances", lambda f: insert_instance(f, instance(disk="pd-ssd")),
+         lambda f: insert_instance(f, instance(disk="zones/us-central1-b/diskTypes/pd-ssd")),
+         "Invalid value for field 'resource.disks[0].initializeParams.diskType': 'pd-ssd'. The URL is malformed."),
+    Case("disk_type_is_a_name_in_templates",
+         lambda f: insert_template(f, template(disk="zones/us-central1-b/diskTypes/pd-ssd")),
+         lambda f: insert_template(f, template(disk="pd-ssd")),
+         "'resource.properties.disks[0].initializeParams.diskType'"),
+    Case("hyperdisk_only_machine_types_boot_from_hyperdisk",
+         lambda f: insert_instance(f, instance("a3-ultragpu-8g", on_host_maintenance="TERMINATE")),
+         lambda f: insert_instance(f, instance("a3-ultragpu-8g", "zones/us-central1-b/diskTypes/hyperdisk-balanced",
+                                               on_host_maintenance="TERMINATE")),
+         "Machine type a3-ultragpu-8g supports only Hyperdisk disk types."),
+    Case("gpu_machines_terminate_on_host_maintenance", lambda f: insert_instance(f, instance("a3-megagpu-8g")),
+         lambda f: insert_instance(f, instance("a3-megagpu-8g", on_host_maintenance="TERMINATE")),
+         "Instances with guest accelerators do not support live migration.", reason="badRequest"),
+    Case("spot_and_flex_start_vms_terminate_and_do_not_restart",
+         lambda f: insert_instance(f, instance(provisioning_model="SPOT", on_host_maintenance="TERMINATE")),
+         lambda f: insert_instance(f, instance(provisioning_model="SPOT", on_host_maintenance="TERMINATE",
+                                               automatic_restart=False)),
+         "SPOT instances cannot be automatically restarted."),
+    Case("reservation_affinity_names_reservations",
+         lambda f: insert_instance(f, reserved(**SPECIFIC, values=[f"projects/{PROJECT}/zones/{ZONE}/reservations/x"])),
+         lambda f: insert_instance(f, reserved(**SPECIFIC, values=["r1", "projects/other-proj/reservations/r2"])),
+         "Must be a reservation name, or projects/PROJECT/reservations/NAME for a shared one."),
+    Case("reservation_bound_vms_consume_a_specific_reservation",
+         lambda f: insert_instance(f, {**reserved(consume_reservation_type="ANY_RESERVATION"),
+                                       "scheduling": {"provisioning_model": "RESERVATION_BOUND",
+                                                      "on_host_maintenance": "TERMINATE"}}),
+         lambda f: insert_instance(f, {**reserved(**SPECIFIC, values=["r1"]),
+                                       "scheduling": {"provisioning_model": "RESERVATION_BOUND",
+                                                      "on_host_maintenance": "TERMINATE"}}),
+         "RESERVATION_BOUND instances must consume a specific reservation."),
+    Case("a_reservation_with_its_own_placement_takes_no_other",
+         lambda f: insert_instance(f, {**reserved(**SPECIFIC, values=["dense"]), "resource_policies": ["mine"]}),
+         lambda f: insert_instance(f, {**reserved(**SPECIFIC, values=["dense"]), "resource_policies": [
+             f"projects/{PROJECT}/regions/us-central1/resourcePolicies/their-place"]}),
+         "instances consuming it cannot specify another", setup=setup_placed_reservation),
+    Case("metadata_fits_its_limits", lambda f: insert_instance(f, with_metadata(300 * 1024)),
+         lambda f: insert_instance(f, with_metadata(200 * 1024)), "exceeds the limit of 262144 bytes"),
+    Case("bulk_insert_stays_within_its_count", lambda f: bulk_insert(f, 5001, names_count=1),
+         lambda f: bulk_insert(f, 2), "Invalid value for field 'resource.count': '5001'. Must be between 1 and 5000.",
+         setup=setup_template),
+    Case("network_mtu_in_range", lambda f: insert_network(f, "jumbo", mtu=9000),
+         lambda f: insert_network(f, "jumbo", mtu=8896), "Must be between 1300 and 8896."),
+    Case("rdma_networks_take_no_firewall_rules", lambda f: insert_firewall(f, "roce"),
+         lambda f: insert_firewall(f, "plain"), "not supported on networks with an RDMA (RoCE) network profile",
+         setup=setup_rdma_network),
+    Case("a_network_in_use_is_not_deleted", lambda f: delete_network_in_use(f, remove_firewall=False),
+         lambda f: client(f, compute_v1.NetworksClient).delete_unary(project=PROJECT, network="busy")
+         if client(f, compute_v1.FirewallsClient).delete_unary(project=PROJECT, firewall="busy-fw") else None,
+         "The network resource 'projects/tcc-test/global/networks/busy' is already being used by "
+         "'projects/tcc-test/global/firewalls/busy-fw'", reason="resourceInUseByAnotherResource"),
+]  # fmt: skip
+
+
+def test_every_rule_of_the_fake_has_a_case_and_a_source():
+    assert sorted(c.rule for c in CASES) == sorted(r.name for r in fake_rules.RULES)
+    assert all(r.source.startswith("https://cloud.google.com/") for r in fake_rules.RULES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.rule for c in CASES])
+def test_the_fake_refuses_what_google_refuses_in_googles_shape(fake, case):
+    if case.setup:
+        case.setup(fake)
+    with pytest.raises(exceptions.BadRequest) as refused:
+        case.refused(fake)
+    assert case.message in refused.value.message
+    assert refused.value.code == 400
+    assert [e["reason"] for e in refused.value.errors] == [case.reason]
+    assert refused.value.errors[0]["domain"] == "global"
+    case.accepted(fake)  # the same request made right goes through
+
+
+# -- the console sends what Google accepts ----------------------------------------------------------
+
+
+def test_instances_take_disk_type_urls_and_templates_take_names(fake, alpha, alice):
+    prefix = built(alpha, alice, gce_spec(nodes=2))
+    controller = fake.resources[f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/{prefix}-ctl"]
+    assert controller["disks"][0]["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/pd-ssd"
+    login = fake.resources[f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/{prefix}-login-0"]
+    assert login["disks"][0]["initializeParams"]["diskType"] == f"zones/{ZONE}/diskTypes/pd-balanced"
+    assert template_of(fake, prefix)["properties"]["disks"][0]["initializeParams"]["diskType"] == "hyperdisk-balanced"
+
+
+def test_gpu_machine_types_terminate_on_maintenance_without_an_accelerator_count(fake, alpha, alice):
+    """Accelerator-optimized types carry their GPUs: the spec's accelerator_count is optional."""
+    spec = build_spec("a3-mega", display_name="mega", zone=ZONE, nodes=2, backend="gce")
+    spec["node_pools"][1]["machine_spec"] = {"machine_type": "a3-megagpu-8g"}
+    prefix = built(alpha, alice, spec, name="mega")
+    properties = template_of(fake, prefix, "a3mega")["properties"]
+    assert properties["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    assert properties["resourcePolicies"] == [f"{prefix}-place-a3mega"]
+    controller = fake.resources[f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/{prefix}-ctl"]
+    items = {i["key"]: i["value"] for i in controller["metadata"]["items"]}
+    assert "Gres=gpu:8" in items["slurm-conf"] and "Name=gpu File=/dev/nvidia[0-7]" in items["slurm-gres-conf"]
+
+
+def test_spot_cpu_pools_terminate_and_do_not_restart(fake, alpha, alice):
+    spec = build_spec("cpu", display_name="spot", zone=ZONE, nodes=2, backend="gce", provisioning_model="SPOT")
+    prefix = built(alpha, alice, spec, name="spot")
+    pool = spec["node_pools"][1]["id"]
+    scheduling = template_of(fake, prefix, pool)["properties"]["scheduling"]
+    assert scheduling["provisioningModel"] == "SPOT"
+    assert scheduling["onHostMaintenance"] == "TERMINATE"
+    assert scheduling.get("automaticRestart") is False
+    assert scheduling["instanceTerminationAction"] == "DELETE"
+
+
+def reservation_spec(values, machine="a3-ultra"):
+    spec = build_spec(machine, display_name="resv", zone=ZONE, nodes=2, backend="gce",
+                      provisioning_model="RESERVATION", reservation="unused")  # fmt: skip
+    spec["node_pools"][1]["machine_spec"]["reservation_affinity"]["values"] = values
+    return spec
+
+
+def test_a_reserved_a3_ultra_pool_is_reservation_bound_on_its_reservations_placement(fake, alpha, alice):
+    """Dana's team holds a calendar-mode reservation of A3 Ultra nodes with its own dense placement; the
+    service's JSON names it by its full path."""
+    setup_placed_reservation(fake)
+    spec = reservation_spec([f"projects/{PROJECT}/zones/{ZONE}/reservations/dense"])
+    prefix = built(alpha, alice, spec, name="resv")
+    properties = template_of(fake, prefix)["properties"]
+    assert properties["scheduling"]["provisioningModel"] == "RESERVATION_BOUND"
+    assert properties["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    assert properties["reservationAffinity"] == {
+        "consumeReservationType": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": ["dense"],
+    }
+    assert properties["resourcePolicies"] == [f"projects/{PROJECT}/regions/us-central1/resourcePolicies/their-place"]
+    assert not [k for k in fake.resources if "/resourcePolicies/" in k]  # no placement policy of our own
+
+
+def test_a_reservation_shared_from_another_project_is_named_with_its_project(fake, alpha, alice):
+    spec = reservation_spec(["projects/capacity-host/zones/us-central1-b/reservations/shared-h100"], "a3-mega")
+    prefix = built(alpha, alice, spec, name="resv")
+    properties = template_of(fake, prefix, "a3mega")["properties"]
+    assert properties["reservationAffinity"]["values"] == ["projects/capacity-host/reservations/shared-h100"]
+    assert properties["scheduling"]["provisioningModel"] == "STANDARD"  # A3 Mega reserves as standard VMs
+
+
+def test_a_rate_limited_call_is_retried_not_failed(fake, alpha, alice, settings):
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    fake.inject("POST", r"/global/firewalls$", http_status=403, code="rateLimitExceeded",
+                message="Quota exceeded for quota metric 'Queries' and limit 'Queries per minute'")  # fmt: skip
+    with pytest.raises(TransientBackendError, match="rate limit"):
+        engine.run(operation.pk)
+    operation = run_task(operation, settings, retries=3)
+    assert operation.status == "SUCCEEDED", operation.error
+    assert isinstance(errors.map_message("rateLimitExceeded", "Quota exceeded for quota metric", "x", 403),
+                      TransientBackendError)  # fmt: skip
+
+
+def test_slurm_conf_for_ten_thousand_nodes_fits_a_metadata_value(fake, alpha, alice):
+    """MAX_POOL_NODES is 10,000: its slurm.conf goes into one 256 KB metadata value."""
+    from clusters.backends.gce import slurm_conf
+    from clusters.backends.gce.cloud import Cloud
+
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    cluster = operation.cluster
+    pool = cluster.node_pools.get(pool_id="a3ultra")
+    Node.objects.bulk_create(
+        [Node(cluster=cluster, node_pool=pool, name=f"a3ultra-{i}", index=i) for i in range(2, 10_000)], batch_size=2000
+    )
+    cloud = Cloud(get_backend("gce"), cluster)
+    conf = slurm_conf.render(cloud)
+    prefix = names("alpha", "ultra").prefix
+    assert f"NodeName=a3ultra-[0-9999] NodeHostname={prefix}-a3ultra-[0-9999] CPUs=224" in conf
+    assert len(conf.encode()) < fake_rules.METADATA_VALUE_BYTES / 10
+    assert "Nodes=a3ultra-[0-9999]" in conf
+
+
+def test_the_fake_hands_every_instance_its_own_nics(fake, alpha, alice):
+    prefix = built(alpha, alice, gce_spec(nodes=3))
+    addresses = {
+        fake.resources[f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/{prefix}-a3ultra-{i}"][
+            "networkInterfaces"][0]["networkIP"]
+        for i in range(3)
+    }  # fmt: skip
+    assert len(addresses) == 3
+    assert "networkIP" not in template_of(fake, prefix)["properties"]["networkInterfaces"][0]
+
+
+def test_delete_goes_in_dependency_order_past_the_strict_fake(fake, alpha, alice):
+    built(alpha, alice, gce_spec(nodes=2))
+    operation = services.delete_cluster(cluster=Cluster.objects.get(), user=alice)
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == "SUCCEEDED", operation.error
+    left = [k for k in fake.resources if k.startswith("/compute/") and "/reservations/" not in k]
+    assert left == []
+
+
+def test_operations_that_take_time_are_waited_for_and_their_errors_read_when_done(fake, alpha, alice, settings):
+    """Every fake operation starts PENDING (operation_steps): an error shows only once it is DONE."""
+    assert fake.operation_steps == 2
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    fake.inject("POST", r"/instances/bulkInsert$", code="QUOTA_EXCEEDED",
+                message="Quota 'NVIDIA_H200_GPUS' exceeded.  Limit: 8.0 in region us-central1.")  # fmt: skip
+    operation = run_task(operation, settings, retries=3)
+    assert operation.status == "FAILED" and "quota NVIDIA_H200_GPUS exceeded" in operation.error
+    assert fake.calls["POST wait"] > 0
+    sent = [op for op in fake.operations.values() if op.get("operationType") == "bulkInsert"]
+    assert sent and all(op["status"] == "DONE" for op in sent)
+
+
+def test_a_pool_larger_than_a_bulk_insert_is_created_in_chunks(fake, alpha, alice, monkeypatch):
+    """bulkInsert takes up to 5,000 VMs a call and a pool up to 10,000: here, 3 a call and 7 nodes."""
+    from clusters.backends.gce import instances
+
+    monkeypatch.setattr(instances, "BULK_INSERT_MAX", 3)
+    monkeypatch.setattr(fake_rules, "BULK_INSERT_MAX", 3)
+    built(alpha, alice, gce_spec(nodes=7))
+    assert fake.calls["POST bulkInsert"] == 3
+    assert len([k for k in fake.instances() if "-a3ultra-" in k]) == 7
+
+
+# -- storage and private services access ----------------------------------------------------------
+
+
+def storage_spec(tier):
+    spec = gce_spec(nodes=2)
+    spec["console"]["storage"]["filestore_home"] = {"tier": tier, "capacity_gb": 1024}
+    return spec
+
+
+def test_regional_filestore_lives_in_the_region_and_zonal_in_the_zone(fake, alpha, alice):
+    prefix = built(alpha, alice, storage_spec("REGIONAL"), name="reg")
+    assert f"file:projects/{PROJECT}/locations/us-central1/instances/{prefix}-home" in fake.resources
+    prefix = built(alpha, alice, storage_spec("ZONAL"), name="zon")
+    assert f"file:projects/{PROJECT}/locations/{ZONE}/instances/{prefix}-home" in fake.resources
+
+
+def test_private_services_access_names_the_project_by_number_and_goes_after_storage(fake, alpha, alice):
+    """Service Networking takes projects/NUMBER/...; it refuses to delete a peering Filestore still uses,
+    so the delete waits until Filestore is gone first."""
+    from .fake_compute import project_number
+
+    prefix = built(alpha, alice, storage_spec("ZONAL"))
+    number = project_number(PROJECT)
+    peering = f"servicenetworking/projects/{number}/global/networks/{prefix}-net"
+    assert peering in fake.resources
+    assert fake.resources[peering]["reservedPeeringRanges"] == [f"{prefix}-psa"]
+    assert Cluster.objects.get().backend_state["project_numbers"] == {PROJECT: number}
+    operation = services.delete_cluster(cluster=Cluster.objects.get(), user=alice)
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == "SUCCEEDED", operation.error
+    assert peering not in fake.resources and not [k for k in fake.resources if k.startswith("file:")]
