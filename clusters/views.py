@@ -87,6 +87,7 @@ def cluster_detail(request, project, name):
         "pools": [{"pool": pool, "shape": shape} for pool, shape in services.node_shapes(cluster)],
         "operation": cluster.latest_operation(),
         "login_env": services.login_env(cluster),
+        "login_command": services.login_command(cluster),
         "scannable": scannable(cluster),
         "schedule": schedule_context(cluster) if cluster.status != ClusterStatus.DELETED else None,
         "role": access.role_in(request.user, cluster.project),

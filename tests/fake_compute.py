@@ -659,6 +659,7 @@ NOUNS = {
     "networks",
     "subnetworks",
     "firewalls",
+    "routers",
     "instanceTemplates",
     "resourcePolicies",
     "instances",

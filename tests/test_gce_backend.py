@@ -496,7 +496,7 @@ def test_preflight_checks_apis_quotas_and_the_reservation(fake, alpha, alice, tm
         "key": "compute.googleapis.com/reservation-name",
         "values": ["h200-block"],
     }
-    fake.region_quotas["us-central1"] = [quota("CPUS", 100, 90), quota("NVIDIA_H200_GPUS", 64, 40),
+    fake.region_quotas["us-central1"] = [quota("N2_CPUS", 100, 90), quota("NVIDIA_H200_GPUS", 64, 40),
                                          quota("PREEMPTIBLE_NVIDIA_H200_GPUS", 512)]  # fmt: skip
     fake.enabled_services.discard("lustre.googleapis.com")
     fake.resources["/compute/v1/projects/tcc-test/zones/us-central1-b/reservations/h200-block"] = {
@@ -513,12 +513,12 @@ def test_preflight_checks_apis_quotas_and_the_reservation(fake, alpha, alice, tm
     assert "gcloud services enable lustre.googleapis.com" in findings["API lustre.googleapis.com"].detail
     gpus = findings["NVIDIA_H200_GPUS in us-central1"]
     assert gpus.status == "fail" and "needs 32, 24 free (limit 64, in use 40)" in gpus.detail  # 4 nodes x 8
-    cpus = findings["CPUS in us-central1"]
-    assert cpus.status == "fail" and "needs" in cpus.detail  # the login node and the controller: more than 10
+    cpus = findings["N2_CPUS in us-central1"]  # n2 vCPUs count against their family's quota, not CPUS
+    assert cpus.status == "fail" and "needs 16, 10 free" in cpus.detail  # the login node and the controller
     assert findings["reservation h200-block"].status == "fail" and "3 of 4" in findings["reservation h200-block"].detail
 
     fake.enabled_services.add("lustre.googleapis.com")
-    fake.region_quotas["us-central1"] = [quota("CPUS", 1000), quota("NVIDIA_H200_GPUS", 64)]
+    fake.region_quotas["us-central1"] = [quota("N2_CPUS", 1000), quota("NVIDIA_H200_GPUS", 64)]
     fake.resources["/compute/v1/projects/tcc-test/zones/us-central1-b/reservations/h200-block"][
         "specificReservation"]["inUseCount"] = "0"  # fmt: skip
     assert {f.status for f in services.preflight(project=alpha, spec=spec)} == {"ok"}

@@ -392,3 +392,41 @@ def test_private_services_access_names_the_project_by_number_and_goes_after_stor
     operation.refresh_from_db()
     assert operation.status == "SUCCEEDED", operation.error
     assert peering not in fake.resources and not [k for k in fake.resources if k.startswith("file:")]
+
+
+def test_users_log_in_with_os_login_through_iap_as_the_cluster_page_says(fake, alpha, alice, client):
+    prefix = built(alpha, alice, gce_spec(nodes=2))
+    for name in ("ctl", "login-0"):
+        items = fake.resources[f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/{prefix}-{name}"]["metadata"]
+        assert {"key": "enable-oslogin", "value": "TRUE"} in items["items"]
+    assert {"key": "enable-oslogin", "value": "TRUE"} in template_of(fake, prefix)["properties"]["metadata"]["items"]
+    client.force_login(alice)
+    page = client.get("/clusters/alpha/ultra/").content.decode()
+    command = f"gcloud compute ssh {prefix}-login-0 --zone {ZONE} --project {PROJECT} --tunnel-through-iap"
+    assert f'<code id="login-command">{command}</code>' in page
+
+
+def test_cloud_nat_gives_nodes_the_internet_when_asked_and_goes_before_its_network(fake, alpha, alice):
+    """Nodes have no external address: without a baked image they need Cloud NAT to reach package mirrors."""
+    spec = gce_spec(nodes=2)
+    spec["console"]["network"]["cloud_nat"] = True
+    prefix = built(alpha, alice, spec)
+    router = fake.resources[f"/compute/v1/projects/{PROJECT}/regions/us-central1/routers/{prefix}-router"]
+    assert router["network"] == f"projects/{PROJECT}/global/networks/{prefix}-net"
+    assert router["nats"] == [{"name": f"{prefix}-nat", "natIpAllocateOption": "AUTO_ONLY",
+                               "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES"}]  # fmt: skip
+    operation = services.delete_cluster(cluster=Cluster.objects.get(), user=alice)
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == "SUCCEEDED", operation.error
+    assert not [k for k in fake.resources if "/routers/" in k or "/networks/" in k]
+    assert fake.calls["POST routers"] == 1 and fake.calls["DELETE routers"] == 1
+
+
+def test_cloud_nat_is_only_for_a_network_the_console_creates(alice_api):
+    spec = gce_spec(nodes=2)
+    spec["console"]["network"] = {"create": False, "cloud_nat": True}
+    spec["network"] = {"network": "shared-vpc", "subnetwork": "shared-subnet"}
+    response = alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "nat", "spec": spec}, format="json")
+    assert response.status_code == 400
+    assert "a network it creates" in str(response.json())

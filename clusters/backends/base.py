@@ -160,6 +160,11 @@ class Backend:
         """Environment a user sets on the login node to reach this cluster's Slurm ({} when nothing)."""
         return {}
 
+    def login_command(self, cluster):
+        """The command that opens a shell on the cluster's login node from a user's machine ("" when
+        the login node is this machine)."""
+        return ""
+
     def job_environment(self, cluster):
         """The environment a batch job starts with (slurmrestd passes none of its own)."""
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **self.login_env(cluster)}

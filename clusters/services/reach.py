@@ -44,6 +44,13 @@ def login_env(cluster):
     return get_backend(cluster.backend).login_env(cluster)
 
 
+def login_command(cluster):
+    """How a user opens a shell on the login node ("" for a cluster on this machine or not usable)."""
+    if not cluster.is_usable:
+        return ""
+    return get_backend(cluster.backend).login_command(cluster)
+
+
 def shared_dir(cluster):
     """The folder every node and the console see (the cluster's /home); Conflict where there is none."""
     return call(cluster, "shared_dir")

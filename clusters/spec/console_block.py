@@ -3,7 +3,7 @@
     "console": {
       "backend": "local",
       "network": {"create": true, "mtu": 8896, "subnet_range": "10.0.0.0/16",
-                  "private_services_range": "10.100.0.0/20"},
+                  "private_services_range": "10.100.0.0/20", "cloud_nat": false},
       "storage": {
         "filestore_home": {"tier": "HIGH_SCALE_SSD", "capacity_gb": 10240},
         "lustre": {"performance_tier": 500, "capacity_gb": 36000, "mount_point": "/lustre"},
@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 
 CONSOLE = {"backend", "network", "storage"}
-NETWORK = {"create", "mtu", "subnet_range", "private_services_range"}
+NETWORK = {"create", "mtu", "subnet_range", "private_services_range", "cloud_nat"}
 STORAGE = {"filestore_home", "lustre", "gcs_buckets"}
 MTUS = (1460, 1500, 8896)
 # A3 Mega's GPUDirect-TCPXO receive-datapath manager runs in Docker, whose bridges take 172.16.0.0/12
@@ -86,6 +86,13 @@ def validate_network_block(errors, network, spec, expect_int):
     create = network.get("create", False)
     if not isinstance(create, bool):
         errors.add("console.network.create", "must be true or false")
+    nat = network.get("cloud_nat", False)
+    if not isinstance(nat, bool):
+        errors.add("console.network.cloud_nat", "must be true or false")
+    elif nat and create is False:
+        errors.add(
+            "console.network.cloud_nat", "the console adds Cloud NAT only to a network it creates (create: true)"
+        )
     mtu = network.get("mtu")
     if mtu is not None:
         mtu = expect_int(errors, mtu, "console.network.mtu")

@@ -30,7 +30,7 @@ from ..base import AgentEndpoint, Backend, NodeShape, SlurmEndpoint, Step
 from . import fabric, instances, keys, network, preflight, slurm_conf, storage
 from .clients import Clients
 from .cloud import Cloud
-from .names import names
+from .names import names, names_for
 
 
 class GceBackend(Backend):
@@ -102,6 +102,8 @@ class GceBackend(Backend):
                 ("VPC network", n.network, f"MTU {net.get('mtu', 1460)}"),
                 ("Subnetwork", n.subnetwork, net.get("subnet_range", "")),
             ]
+            if net.get("cloud_nat"):
+                items.append(("Cloud NAT", n.router, "outbound internet for the nodes (no external addresses)"))
         items += [
             ("Firewall rule", n.firewall_internal, "all traffic inside the subnet"),
             ("Firewall rule", n.firewall_ssh, "tcp:22 to the login node only"),
@@ -157,6 +159,8 @@ class GceBackend(Backend):
                 Step(f"Create VPC network {cloud.n.network}", lambda ctx: network.create_network(cloud)),
                 Step(f"Create subnetwork {cloud.n.subnetwork}", lambda ctx: network.create_subnetwork(cloud)),
             ]
+            if net.get("cloud_nat"):
+                steps.append(Step(f"Create Cloud NAT {cloud.n.router}", lambda ctx: network.create_nat(cloud)))
             if fabric.cluster_nets(cloud):
                 steps.append(Step("Create the GPU fabric networks", lambda ctx: fabric.create_fabric(cloud)))
         steps.append(Step("Create firewall rules", lambda ctx: network.create_firewalls(cloud)))
@@ -268,6 +272,17 @@ class GceBackend(Backend):
 
     def shared_dir(self, cluster):
         return slurm_conf.SHARED
+
+    def login_command(self, cluster):
+        """SSH to the first login node through IAP with OS Login (no external address needed: the SSH
+        rule admits IAP's range, GCE_SSH_SOURCE_RANGES). The user needs roles/compute.osLogin and
+        roles/iap.tunnelResourceAccessor. https://cloud.google.com/iap/docs/using-tcp-forwarding"""
+        spec = cluster.spec
+        login_id = spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
+        zone = next(p["zone"] for p in spec["node_pools"] if p["id"] == login_id)
+        login = names_for(cluster).instance(f"{login_id}-0")
+        project = cluster.project.gcp_project_id
+        return f"gcloud compute ssh {login} --zone {zone} --project {project} --tunnel-through-iap" if project else ""
 
     def node_python(self, cluster):
         return settings.GCE_NODE_PYTHON

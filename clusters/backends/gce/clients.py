@@ -49,6 +49,7 @@ class Clients:
             "networks": compute_v1.NetworksClient,
             "subnetworks": compute_v1.SubnetworksClient,
             "firewalls": compute_v1.FirewallsClient,
+            "routers": compute_v1.RoutersClient,
             "addresses": compute_v1.GlobalAddressesClient,
             "templates": compute_v1.InstanceTemplatesClient,
             "policies": compute_v1.ResourcePoliciesClient,

@@ -174,6 +174,9 @@ def instance_properties(cloud, pool, role, in_template=True):
             items=[
                 compute_v1.Items(key="startup-script", value=slurm_conf.startup_script(cloud, pool, role)),
                 compute_v1.Items(key="tcc-cluster", value=cloud.n.prefix),
+                # Users log in with their Google identities: the same POSIX account (uid, gid) on every
+                # VM, keys managed by OS Login. https://cloud.google.com/compute/docs/oslogin/set-up-oslogin
+                compute_v1.Items(key="enable-oslogin", value="TRUE"),
                 *(slurm_conf.hook_items(cloud) if role == "compute" else []),
             ]
         ),

@@ -38,6 +38,15 @@ class Names:
         return f"{self.prefix}-ssh-login"
 
     @property
+    def router(self):
+        """The Cloud Router that carries the cluster's Cloud NAT (console.network.cloud_nat)."""
+        return f"{self.prefix}-router"
+
+    @property
+    def nat(self):
+        return f"{self.prefix}-nat"
+
+    @property
     def psa_range(self):
         return f"{self.prefix}-psa"
 

@@ -68,8 +68,18 @@ def gpu_token(accelerator):
     return "_".join(p for p in parts if not (p.endswith("GB") and p[:-2].isdigit()))
 
 
+# vCPUs count against their machine family's regional quota: N1 and E2 against CPUS, the others
+# against <FAMILY>_CPUS. https://cloud.google.com/compute/resource-usage#cpu_quota
+FAMILY_CPU_QUOTAS = {"n2": "N2_CPUS", "n2d": "N2D_CPUS", "c2": "C2_CPUS", "c2d": "C2D_CPUS", "c3": "C3_CPUS",
+                     "c3d": "C3D_CPUS", "c4": "C4_CPUS", "n4": "N4_CPUS", "m1": "M1_CPUS", "m3": "M3_CPUS"}  # fmt: skip
+
+
+def cpu_metric(machine_type):
+    return FAMILY_CPU_QUOTAS.get(machine_type.split("-", 1)[0], "CPUS")
+
+
 def wanted_by_region(spec):
-    """{region: {"CPUS": n, ("GPUS", accelerator, spot): n}} for the spec's pools and the controller."""
+    """{region: {"N2_CPUS": n, ("GPUS", accelerator, spot): n}} for the spec's pools and the controller."""
     wanted = {}
     for pool in spec["node_pools"]:
         region = pool["zone"].rsplit("-", 1)[0]
@@ -83,11 +93,12 @@ def wanted_by_region(spec):
             key = ("GPUS", accelerator, pool.get("provisioning_model") == "SPOT")
             need[key] = need.get(key, 0) + nodes * count
         elif info:
-            need["CPUS"] = need.get("CPUS", 0) + nodes * info.vcpus
-    if wanted:
-        controller = machine_type_info(settings.GCE_CONTROLLER_MACHINE_TYPE)
-        first = next(iter(wanted))
-        wanted[first]["CPUS"] = wanted[first].get("CPUS", 0) + (controller.vcpus if controller else 0)
+            metric = cpu_metric(info.name)
+            need[metric] = need.get(metric, 0) + nodes * info.vcpus
+    controller = machine_type_info(settings.GCE_CONTROLLER_MACHINE_TYPE)
+    if wanted and controller:
+        first, metric = next(iter(wanted)), cpu_metric(controller.name)
+        wanted[first][metric] = wanted[first].get(metric, 0) + controller.vcpus
     return wanted
 
 
@@ -102,8 +113,8 @@ def check_quotas(clients, gcp_project, spec):
             findings.append(Finding("fail", f"quotas in {region}", f"cannot read them: {exc.message}"))
             continue
         for key, amount in need.items():
-            if key == "CPUS":
-                metric, label = "CPUS", "CPUs"
+            if isinstance(key, str):
+                metric, label = key, "vCPUs"
             else:
                 _gpus, accelerator, spot = key
                 token = gpu_token(accelerator)
