@@ -672,6 +672,7 @@ NOUNS = {
     "reset",
     "start",
     "stop",
+    "images",
     "secrets",
     "versions",
 }

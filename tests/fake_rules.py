@@ -330,6 +330,21 @@ def a_network_in_use_is_not_deleted(request):
     return None
 
 
+@rule("https://cloud.google.com/compute/docs/images/create-custom", ("insert", "images"))
+def an_image_comes_from_a_disk_no_running_vm_uses(request):
+    """Stop the VM first (or force it, which the console never does)."""
+    source = request.body.get("sourceDisk") or ""
+    if "/zones/" not in source or request.body.get("forceCreate"):
+        return None
+    zone, disk = source.split("/zones/", 1)[1].split("/")[0], source.rsplit("/", 1)[-1]
+    user = f"projects/{request.project}/zones/{zone}/instances/{disk}"
+    if (request.resources.get(f"/compute/v1/{user}") or {}).get("status") == "RUNNING":
+        return Refusal(400, "resourceInUseByAnotherResource",
+                       f"The disk resource 'projects/{request.project}/zones/{zone}/disks/{disk}' is already being "
+                       f"used by '{user}'")  # fmt: skip
+    return None
+
+
 def refusal_for(request):
     """The first rule that refuses the request, as (HTTP status, Google's error body), or None."""
     for item in RULES:

@@ -131,6 +131,19 @@ def setup_placed_reservation(fake):
     }
 
 
+def image_from(fake, stop_first):
+    if not any(k.endswith("/instances/vm-1") for k in fake.resources):
+        insert_instance(fake, instance())
+    if stop_first:
+        client(fake, compute_v1.InstancesClient).stop_unary(project=PROJECT, zone=ZONE, instance="vm-1")
+    return client(fake, compute_v1.ImagesClient).insert_unary(
+        project=PROJECT,
+        image_resource=compute_v1.Image(
+            name="img-1", family="fam", source_disk=f"projects/{PROJECT}/zones/{ZONE}/disks/vm-1"
+        ),
+    )
+
+
 @dataclass
 class Case:
     rule: str
@@ -194,6 +207,10 @@ CASES = [
          if client(f, compute_v1.FirewallsClient).delete_unary(project=PROJECT, firewall="busy-fw") else None,
          "The network resource 'projects/tcc-test/global/networks/busy' is already being used by "
          "'projects/tcc-test/global/firewalls/busy-fw'", reason="resourceInUseByAnotherResource"),
+    Case("an_image_comes_from_a_disk_no_running_vm_uses", lambda f: image_from(f, stop_first=False),
+         lambda f: image_from(f, stop_first=True),
+         "The disk resource 'projects/tcc-test/zones/us-central1-b/disks/vm-1' is already being used by "
+         "'projects/tcc-test/zones/us-central1-b/instances/vm-1'", reason="resourceInUseByAnotherResource"),
 ]  # fmt: skip
 
 
@@ -430,3 +447,44 @@ def test_cloud_nat_is_only_for_a_network_the_console_creates(alice_api):
     response = alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "nat", "spec": spec}, format="json")
     assert response.status_code == 400
     assert "a network it creates" in str(response.json())
+
+
+def test_a_node_image_is_baked_through_the_compute_api(fake, alpha):
+    """`manage.py gce_image build`: a builder VM runs bake.sh, is stopped, its disk becomes the family's newest
+    image, and it is deleted; nodes then boot the family without the internet."""
+    import io
+    import subprocess
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command("gce_image", "build", "--project", "alpha", "--zone", ZONE, stdout=out)
+    images = [r for k, r in fake.resources.items() if "/global/images/" in k]
+    assert len(images) == 1 and images[0]["family"] == "tcc-node"
+    assert images[0]["sourceDisk"].startswith(f"projects/{PROJECT}/zones/{ZONE}/disks/tcc-node-builder-")
+    assert fake.calls["POST stop"] == 1  # stopped before the image (the strict fake refuses otherwise)
+    assert not fake.instances()  # the builder is gone
+    assert f"GCE_IMAGE=projects/{PROJECT}/global/images/family/tcc-node" in out.getvalue()
+    from clusters.backends.gce.image import bake_script
+
+    script = bake_script(gpu=True, family="tcc-gpu-node", stamp="x")
+    assert "slurmd" in script and "datacenter-gpu-manager" in script and "@" not in script
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_a_bake_that_fails_says_why_and_leaves_no_builder(fake, alpha):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    original = fake._compute
+
+    def failing(method, path, query, body, injection):
+        status, payload = original(method, path, query, body, injection)
+        if path.endswith("/serialPort"):
+            payload["contents"] = "startup-script: tcc-startup: FAILED: installing gcsfuse\n"
+        return status, payload
+
+    fake._compute = failing
+    with pytest.raises(CommandError, match="FAILED: installing gcsfuse"):
+        call_command("gce_image", "build", "--project", "alpha", "--zone", ZONE)
+    assert not fake.instances() and not [k for k in fake.resources if "/global/images/" in k]

@@ -43,6 +43,7 @@ from .reach import (
     submit_batch,
 )
 from .requests import (
+    bake_node_image,
     create_cluster,
     create_draft,
     delete_cluster,
@@ -59,6 +60,7 @@ from .sync import on_sync, sync_cluster
 __all__ = [
     "backend_choices",
     "backend_label",
+    "bake_node_image",
     "call_slurm_rest",
     "cancel_job",
     "create_cluster",

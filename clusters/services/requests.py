@@ -100,6 +100,15 @@ def preflight(*, project, spec):
         raise (Unavailable if exc.retryable else Conflict)(str(exc)) from None
 
 
+def bake_node_image(*, project, zone, gpu=False, family="", base="", report=print):
+    """Bake a gce node image with Slurm, munge, gcsfuse and the node runtime installed (nodes boot it
+    without the internet); returns what was made (.image, .family, .family_url)."""
+    try:
+        return get_backend("gce").bake_image(project, zone, gpu=gpu, family=family, base=base, report=report)
+    except BackendError as exc:
+        raise (Unavailable if exc.retryable else Conflict)(str(exc)) from None
+
+
 def create_draft(*, project, name, spec, user=None):
     """A DRAFT cluster holding a spec in progress (the wizard's); nothing is validated but the id."""
     if not isinstance(name, str) or not RESOURCE_ID.match(name):

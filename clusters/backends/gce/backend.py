@@ -26,8 +26,8 @@ from ...slurm.states import NodeStatus
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from .. import slurm_waits
-from ..base import AgentEndpoint, Backend, NodeShape, SlurmEndpoint, Step
-from . import fabric, instances, keys, network, preflight, slurm_conf, storage
+from ..base import AgentEndpoint, Backend, NodeShape, PermanentBackendError, SlurmEndpoint, Step
+from . import fabric, image, instances, keys, network, preflight, slurm_conf, storage
 from .clients import Clients
 from .cloud import Cloud
 from .names import names, names_for
@@ -74,6 +74,15 @@ class GceBackend(Backend):
         if not project.gcp_project_id:
             return [f"project '{project.slug}' has no Google Cloud project id; an administrator sets it in the admin"]
         return []
+
+    def bake_image(self, project, zone, *, gpu=False, family="", base="", report=print):
+        """Bake a node image (image.py) in the project's Google Cloud project; returns image.Baked."""
+        problems = self.project_problems(project)
+        if problems:
+            raise PermanentBackendError(problems[0])
+        return image.build(
+            self.clients_for(project), project.gcp_project_id, zone, gpu=gpu, family=family, base=base, report=report
+        )
 
     def preflight(self, project, spec):
 

@@ -52,6 +52,7 @@ class Clients:
             "routers": compute_v1.RoutersClient,
             "addresses": compute_v1.GlobalAddressesClient,
             "templates": compute_v1.InstanceTemplatesClient,
+            "images": compute_v1.ImagesClient,
             "policies": compute_v1.ResourcePoliciesClient,
             "instances": compute_v1.InstancesClient,
             "regions": compute_v1.RegionsClient,

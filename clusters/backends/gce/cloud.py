@@ -116,37 +116,7 @@ class Cloud:
         self.wait(operation, what)
 
     def wait(self, operation, what):
-        """Wait for a Compute operation to be DONE with the operation clients' `wait` (a long poll: it
-        answers when the operation is DONE or after about two minutes, maybe sooner), sleeping only
-        when it answered early; then raise the operation's error if any.
-        https://cloud.google.com/compute/docs/api/how-tos/api-requests-responses#handling_api_responses"""
-        from google.cloud import compute_v1
-
-        deadline = time.monotonic() + settings.GCE_OPERATION_TIMEOUT
-        op = operation
-        first = True
-        while op.status != compute_v1.Operation.Status.DONE:
-            if time.monotonic() > deadline:
-                raise TransientBackendError(
-                    f"{what}: operation {op.name} still running after {settings.GCE_OPERATION_TIMEOUT} s"
-                )
-            heartbeat(f"{what}: waiting for Compute operation {op.name}")
-            if not first:
-                time.sleep(settings.GCE_POLL_INTERVAL)
-            first = False
-            if op.zone:
-                op = self.c.zone_operations.wait(
-                    project=self.project, zone=op.zone.rsplit("/", 1)[-1], operation=op.name
-                )
-            elif op.region:
-                op = self.c.region_operations.wait(
-                    project=self.project, region=op.region.rsplit("/", 1)[-1], operation=op.name
-                )
-            else:
-                op = self.c.global_operations.wait(project=self.project, operation=op.name)
-        if op.error and op.error.errors:
-            raise map_operation_errors(op.error.errors, what)
-        return op
+        return wait_operation(self.c, self.project, operation, what)
 
     def ensure_lro(self, what, fetch, create):
         """Like ensure(), for APIs with google.longrunning operations (Filestore, Lustre)."""
@@ -172,3 +142,33 @@ class Cloud:
             future._refresh_and_update()
         if future.operation.HasField("error") and future.operation.error.code:
             raise PermanentBackendError(f"{what} failed: {future.operation.error.message}")
+
+
+def wait_operation(clients, project, operation, what):
+    """Wait for a Compute operation to be DONE with the operation clients' `wait` (a long poll: it
+    answers when the operation is DONE or after about two minutes, maybe sooner), sleeping only when it
+    answered early; then raise the operation's error if any.
+    https://cloud.google.com/compute/docs/api/how-tos/api-requests-responses#handling_api_responses"""
+    from google.cloud import compute_v1
+
+    deadline = time.monotonic() + settings.GCE_OPERATION_TIMEOUT
+    op = operation
+    first = True
+    while op.status != compute_v1.Operation.Status.DONE:
+        if time.monotonic() > deadline:
+            raise TransientBackendError(
+                f"{what}: operation {op.name} still running after {settings.GCE_OPERATION_TIMEOUT} s"
+            )
+        heartbeat(f"{what}: waiting for Compute operation {op.name}")
+        if not first:
+            time.sleep(settings.GCE_POLL_INTERVAL)
+        first = False
+        if op.zone:
+            op = clients.zone_operations.wait(project=project, zone=op.zone.rsplit("/", 1)[-1], operation=op.name)
+        elif op.region:
+            op = clients.region_operations.wait(project=project, region=op.region.rsplit("/", 1)[-1], operation=op.name)
+        else:
+            op = clients.global_operations.wait(project=project, operation=op.name)
+    if op.error and op.error.errors:
+        raise map_operation_errors(op.error.errors, what)
+    return op

@@ -147,7 +147,7 @@ NAME=$(meta instance/name) || fail "reading the instance name from the metadata 
 PROJECT=$(meta project/project-id) || fail "reading the project id from the metadata server"
 NODE=${NAME#"$CLUSTER"-}
 
-# -- packages the image lacks ----------------------------------------------------------------------
+# -- packages the image lacks (none on an image baked by `manage.py gce_image build`) ---------------
 packages=(munge slurm-client curl python3)
 case "$ROLE" in
   controller) packages+=(slurmctld slurmrestd slurm-wlm-jwt-plugin) ;;
@@ -159,8 +159,10 @@ for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ -z "$SIMULATED" ] && [ ${#missing[@]} -gt 0 ]; then
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
-    || fail "installing ${missing[*]}"
+  # Nodes have no external address: this works only with Cloud NAT (console.network.cloud_nat). A baked
+  # image (manage.py gce_image build) has them all and never gets here.
+  timeout 600 apt-get update -qq && timeout 900 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    || fail "installing ${missing[*]}: the image lacks them and the node reaches no package mirror; bake an image (manage.py gce_image build) or set console.network.cloud_nat"
 fi
 if [ -z "$SIMULATED" ] && [ -n "$GCS_MOUNTS" ] && ! command -v gcsfuse >/dev/null; then
   # Cloud Storage FUSE from Google's apt repository (https://cloud.google.com/storage/docs/cloud-storage-fuse/install).

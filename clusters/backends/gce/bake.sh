@@ -1,0 +1,53 @@
+#!/bin/bash
+# The node image's bake (clusters/backends/gce/image.py): run once, as the startup script of a builder
+# VM with an external address, on Debian 12 (CPU nodes) or Ubuntu's accelerator image (GPU nodes: the
+# NVIDIA driver is there already). It installs what startup.sh would otherwise fetch at every boot, so
+# nodes without a route to the internet boot: munge, Slurm's daemons and clients with the JWT plugin,
+# the NFS client, gcsfuse, and the node runtime (Python with numpy and torch) in /opt/tcc/venv. It ends
+# with `tcc-startup: done`, or `tcc-startup: FAILED: <what>`, on the serial console.
+set -uo pipefail
+
+GPU="@GPU@"
+FAMILY="@FAMILY@"
+STAMP="@STAMP@"
+
+fail() { echo "tcc-startup: FAILED: $*" >&2; exit 1; }
+export DEBIAN_FRONTEND=noninteractive
+
+apt-get update -qq || fail "apt-get update"
+apt-get install -y -qq --no-install-recommends \
+  munge slurm-client slurmctld slurmd slurmrestd slurm-wlm-jwt-plugin \
+  nfs-common curl ca-certificates gnupg lsb-release python3 python3-venv python3-numpy >/dev/null \
+  || fail "installing Slurm, munge and the NFS client"
+
+# Cloud Storage FUSE from Google's apt repository (https://cloud.google.com/storage/docs/cloud-storage-fuse/install).
+curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg | gpg --dearmor -o /usr/share/keyrings/cloud.google.gpg \
+  || fail "fetching Google's apt key"
+echo "deb [signed-by=/usr/share/keyrings/cloud.google.gpg] https://packages.cloud.google.com/apt gcsfuse-$(lsb_release -cs) main" \
+  > /etc/apt/sources.list.d/gcsfuse.list
+apt-get update -qq && apt-get install -y -qq gcsfuse >/dev/null || fail "installing gcsfuse"
+
+if [ -n "$GPU" ]; then
+  command -v nvidia-smi >/dev/null || fail "the base image has no NVIDIA driver (use an Ubuntu accelerator image)"
+  # DCGM for the health checks' dcgmi diag, from NVIDIA's CUDA repository for this Ubuntu release.
+  release=$(. /etc/os-release && echo "ubuntu${VERSION_ID//./}")
+  curl -fsSL -o /tmp/cuda-keyring.deb \
+    "https://developer.download.nvidia.com/compute/cuda/repos/$release/x86_64/cuda-keyring_1.1-1_all.deb" \
+    && dpkg -i /tmp/cuda-keyring.deb >/dev/null && apt-get update -qq \
+    && apt-get install -y -qq datacenter-gpu-manager >/dev/null || fail "installing DCGM"
+fi
+
+# The node runtime: the health checks and recipes run with it (GCE_NODE_PYTHON=/opt/tcc/venv/bin/python).
+python3 -m venv --system-site-packages /opt/tcc/venv || fail "making /opt/tcc/venv"
+if [ -n "$GPU" ]; then
+  /opt/tcc/venv/bin/pip install -q torch || fail "installing torch"
+else
+  /opt/tcc/venv/bin/pip install -q --index-url https://download.pytorch.org/whl/cpu torch || fail "installing torch"
+fi
+
+# The daemons start from startup.sh with each cluster's own keys and configuration: none at boot here.
+systemctl disable --now slurmctld slurmd slurmrestd munge >/dev/null 2>&1 || true
+rm -f /etc/munge/munge.key  # every cluster's key comes from its Secret Manager at boot
+mkdir -p /etc/tcc && printf 'family=%s\nbaked=%s\n' "$FAMILY" "$STAMP" > /etc/tcc/image
+apt-get clean
+echo "tcc-startup: done"

@@ -1,0 +1,139 @@
+"""Node images for gce clusters: `manage.py gce_image build` bakes one image family with everything a
+node installs, so nodes boot without the internet (they have no external address and, unless the spec
+asks for Cloud NAT, no route out) and the startup script only configures.
+
+The build, all through the Compute API: a builder VM from the base image (Debian 12 for CPU nodes, the
+Ubuntu accelerator image with the NVIDIA driver for GPU nodes) with an external address and bake.sh as
+its startup script; its serial console says `tcc-startup: done` (or the failing step); the VM is
+stopped, an image made from its boot disk into the family (an image is made from a disk no running VM
+uses: https://cloud.google.com/compute/docs/images/create-custom), and the VM deleted. Then
+GCE_IMAGE (or GCE_GPU_IMAGE) names `projects/P/global/images/family/<family>`: new nodes boot the
+newest image of the family (https://cloud.google.com/compute/docs/images/image-families-best-practices).
+"""
+
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.utils import timezone
+
+from ...work import PermanentBackendError
+from .cloud import wait_operation
+from .errors import map_api_error
+from .instances import startup_outcome
+
+BAKE = Path(__file__).resolve().parent / "bake.sh"
+# Base images: Debian 12 for CPU nodes; for GPU nodes Ubuntu's accelerator image, which carries the
+# NVIDIA driver (https://cloud.google.com/compute/docs/gpus/install-drivers-gpu).
+CPU_BASE = "projects/debian-cloud/global/images/family/debian-12"
+GPU_BASE = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
+BUILDER_MACHINE = "n2-standard-8"
+
+
+class Baked:
+    def __init__(self, image, family, project):
+        self.image, self.family, self.project = image, family, project
+
+    @property
+    def family_url(self):
+        return f"projects/{self.project}/global/images/family/{self.family}"
+
+
+def build(clients, project, zone, *, gpu=False, family="", base="", report=print):
+    """Bake an image into `family` (default tcc-node or tcc-gpu-node) in Google Cloud project `project`."""
+    from google.api_core import exceptions
+    from google.cloud import compute_v1
+
+    family = family or ("tcc-gpu-node" if gpu else "tcc-node")
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    builder, image = f"{family}-builder-{stamp}", f"{family}-{stamp}"
+    labels = {"managed-by": "training-cluster-console", "tcc-image": family}
+    instance = compute_v1.Instance(
+        name=builder,
+        machine_type=f"zones/{zone}/machineTypes/{BUILDER_MACHINE}",
+        labels=labels,
+        disks=[
+            compute_v1.AttachedDisk(
+                boot=True,
+                auto_delete=True,
+                initialize_params=compute_v1.AttachedDiskInitializeParams(
+                    source_image=base or (GPU_BASE if gpu else CPU_BASE),
+                    disk_size_gb=100 if gpu else 30,
+                    disk_type=f"zones/{zone}/diskTypes/pd-balanced",
+                ),
+            )
+        ],
+        # The builder downloads packages: an external address on the default network for the bake only.
+        network_interfaces=[
+            compute_v1.NetworkInterface(
+                network=f"projects/{project}/global/networks/default",
+                access_configs=[compute_v1.AccessConfig(name="External NAT")],
+            )
+        ],
+        scheduling=compute_v1.Scheduling(on_host_maintenance="MIGRATE", automatic_restart=True),
+        metadata=compute_v1.Metadata(
+            items=[compute_v1.Items(key="startup-script", value=bake_script(gpu=gpu, family=family, stamp=stamp))]
+        ),
+    )
+
+    def wait(operation, what):
+        return wait_operation(clients, project, operation, what)
+
+    try:
+        report(f"Creating the builder VM {builder} in {zone}")
+        wait(clients.instances.insert_unary(project=project, zone=zone, instance_resource=instance), "the builder VM")
+        report("Installing Slurm, munge, gcsfuse and the node runtime (the builder's startup script)")
+        outcome = until_started(clients, project, zone, builder)
+        if outcome != "done":
+            raise PermanentBackendError(f"the bake failed on {builder}: {outcome} (from its serial console)")
+        report(f"Stopping {builder}")
+        wait(clients.instances.stop_unary(project=project, zone=zone, instance=builder), f"stopping {builder}")
+        report(f"Making image {image} in family {family}")
+        wait(
+            clients.images.insert_unary(
+                project=project,
+                image_resource=compute_v1.Image(
+                    name=image,
+                    family=family,
+                    labels=labels,
+                    source_disk=f"projects/{project}/zones/{zone}/disks/{builder}",
+                    description=f"Training cluster console node image ({'GPU' if gpu else 'CPU'}), baked {stamp}",
+                ),
+            ),
+            f"making image {image}",
+        )
+    except exceptions.GoogleAPICallError as exc:
+        raise map_api_error(exc, "baking the node image") from None
+    finally:
+        try:
+            report(f"Deleting {builder}")
+            wait(clients.instances.delete_unary(project=project, zone=zone, instance=builder), f"deleting {builder}")
+        except exceptions.NotFound:
+            pass
+    return Baked(image, family, project)
+
+
+def bake_script(*, gpu, family, stamp):
+    text = BAKE.read_text()
+    for key, value in {"GPU": "1" if gpu else "", "FAMILY": family, "STAMP": stamp}.items():
+        text = text.replace(f"@{key}@", value)
+    return text
+
+
+def until_started(clients, project, zone, name):
+    """The builder's verdict from its serial console: "done", "FAILED: ...", or why it is neither."""
+    deadline = time.monotonic() + settings.GCE_STARTUP_TIMEOUT
+    reader = _Reader(clients, project, zone)
+    while time.monotonic() < deadline:
+        outcome = startup_outcome(reader, name)
+        if outcome == "done" or outcome.startswith("FAILED"):
+            return outcome
+        time.sleep(settings.GCE_POLL_INTERVAL)
+    return f"not finished after {settings.GCE_STARTUP_TIMEOUT:.0f} s"
+
+
+class _Reader:
+    """What startup_outcome() reads from a cluster's Cloud: the instances client, project and zone."""
+
+    def __init__(self, clients, project, zone):
+        self.c, self.project, self.zone = clients, project, zone
