@@ -488,3 +488,19 @@ def test_a_bake_that_fails_says_why_and_leaves_no_builder(fake, alpha):
     with pytest.raises(CommandError, match="FAILED: installing gcsfuse"):
         call_command("gce_image", "build", "--project", "alpha", "--zone", ZONE)
     assert not fake.instances() and not [k for k in fake.resources if "/global/images/" in k]
+
+
+@pytest.mark.parametrize(("machine", "nics", "gpus"), [("a3-highgpu-8g", 5, 8), ("a3-edgegpu-8g", 5, 8),
+                                                        ("a3-highgpu-1g", 1, 1)])  # fmt: skip
+def test_a3_high_and_edge_get_their_gpus_and_tcpx_nics(fake, alpha, alice, machine, nics, gpus):
+    """A3 High (1, 2, 4 or 8 H100s) and A3 Edge join the catalog: the 8-GPU shapes get GPUDirect-TCPX's 4 GPU
+    NICs, one VPC each, outside Docker's 172.16.0.0/12."""
+    spec = build_spec("a3-mega", display_name="high", zone=ZONE, nodes=2, backend="gce")
+    spec["node_pools"][1]["machine_spec"] = {"machine_type": machine, "accelerator_type": "NVIDIA_H100_80GB"}
+    prefix = built(alpha, alice, spec, name="high")
+    properties = template_of(fake, prefix, "a3mega")["properties"]
+    assert len(properties["networkInterfaces"]) == nics
+    assert properties["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    controller = fake.resources[f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/{prefix}-ctl"]
+    conf = {i["key"]: i["value"] for i in controller["metadata"]["items"]}["slurm-conf"]
+    assert f"Gres=gpu:{gpus}" in conf

@@ -25,9 +25,9 @@ CONSOLE = {"backend", "network", "storage"}
 NETWORK = {"create", "mtu", "subnet_range", "private_services_range", "cloud_nat"}
 STORAGE = {"filestore_home", "lustre", "gcs_buckets"}
 MTUS = (1460, 1500, 8896)
-# A3 Mega's GPUDirect-TCPXO receive-datapath manager runs in Docker, whose bridges take 172.16.0.0/12
-# (Docker's default address pools): the node's own subnets must stay out of it.
-DOCKER_MACHINE_TYPES = ("a3-megagpu-8g",)
+# GPUDirect-TCPX(O)'s receive-datapath manager (A3 High / Edge 8-GPU, A3 Mega) runs in Docker, whose
+# bridges take 172.16.0.0/12 (Docker's default address pools): the node's own subnets must stay out of it.
+DOCKER_MACHINE_TYPES = ("a3-highgpu-8g", "a3-edgegpu-8g", "a3-megagpu-8g")
 DOCKER_BRIDGES = ipaddress.ip_network("172.16.0.0/12")
 BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]\Z")
 MOUNT_POINT = re.compile(r"/[A-Za-z0-9._/-]*\Z")

@@ -8,10 +8,13 @@ import re
 
 from console.errors import FieldErrors
 
-from .catalog import REGIONS, machine_type_info
+from .catalog import REGIONS, machine_type_info, machine_type_names
 from .console_block import validate_console_block
 
-ACCELERATOR_TYPES = ("NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB", "NVIDIA_B200")
+# The service's accelerator types: those the catalog's machine types come with (clusters/data/).
+ACCELERATOR_TYPES = tuple(
+    dict.fromkeys(t.accelerator_type for t in map(machine_type_info, machine_type_names()) if t.accelerator_type)
+)
 PROVISIONING_MODELS = ("ON_DEMAND", "SPOT", "RESERVATION", "FLEX_START")
 BOOT_DISK_TYPES = ("pd-standard", "pd-balanced", "pd-ssd", "hyperdisk-balanced", "hyperdisk-extreme")
 # \Z, not $: `$` also matches before a trailing newline, so "demo\n" would pass as an id.

@@ -1,5 +1,6 @@
 """The GPU fabric of each reference architecture: the extra VPCs and NICs its machine type needs.
 
+    a3-highgpu-8g, a3-edge... 1 system gVNIC + 4 GPU NICs (GPUDirect-TCPX), one VPC each: 5 NICs
     a3-megagpu-8g             1 system gVNIC + 8 GPU NICs (GPUDirect-TCPXO), one VPC each: 9 NICs
     a3-ultragpu-8g, a4-...    2 gVNIC VPCs + 1 RDMA (RoCE) VPC with 8 subnets, 8 MRDMA NICs: 10 NICs
 
@@ -8,7 +9,7 @@ https://cloud.google.com/vpc/docs/subnets#valid-ranges), never from 172.16.0.0/1
 receive-datapath manager runs in Docker, whose default bridge is 172.17.0.0/16. The RDMA VPC takes no
 firewall rules (https://cloud.google.com/vpc/docs/rdma-network-profiles).
 
-Source: Cluster Toolkit's examples/machine-learning/a3-megagpu-8g, a3-ultragpu-8g and a4-highgpu-8g
+Source: Cluster Toolkit's examples/machine-learning/a3-highgpu-8g, a3-megagpu-8g, a3-ultragpu-8g and a4-highgpu-8g
 (clusters/data/reference_architectures.json). The console builds these only on the VPCs it creates
 (`console.network.create`); on an existing VPC a node gets the one NIC of that VPC.
 """
@@ -22,7 +23,14 @@ from .names import rdma_profile
 
 TCPXO_MTU = 8244
 RDMA_MTU = 8896
-LAYOUTS = {"a3-megagpu-8g": "tcpxo", "a3-ultragpu-8g": "rdma", "a4-highgpu-8g": "rdma"}
+LAYOUTS = {
+    "a3-highgpu-8g": "tcpx",
+    "a3-edgegpu-8g": "tcpx",
+    "a3-megagpu-8g": "tcpxo",
+    "a3-ultragpu-8g": "rdma",
+    "a4-highgpu-8g": "rdma",
+}
+GPU_NICS = {"tcpx": 4, "tcpxo": 8}  # GPUDirect-TCPX(O): one GPU NIC per VPC
 
 
 @dataclass
@@ -42,9 +50,10 @@ def layout_of(pool):
 def nets(cloud, layout):
     """The extra VPCs of `layout` for this cluster, in NIC order after nic0 (the cluster's own VPC)."""
     prefix = cloud.n.prefix
-    if layout == "tcpxo":
+    if layout in GPU_NICS:
         found = [
-            Net(f"{prefix}-gpu{i}", TCPXO_MTU, [(f"{prefix}-gpu{i}-sub", f"100.{64 + i}.0.0/16")]) for i in range(8)
+            Net(f"{prefix}-gpu{i}", TCPXO_MTU, [(f"{prefix}-gpu{i}-sub", f"100.{64 + i}.0.0/16")])
+            for i in range(GPU_NICS[layout])
         ]
     elif layout == "rdma":
         profile = rdma_profile(cloud.project, cloud.zone)
