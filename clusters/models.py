@@ -120,6 +120,14 @@ class Cluster(models.Model):
         return self.spec.get("display_name", self.name)
 
     @property
+    def description(self) -> str:
+        return self.spec.get("description") or ""
+
+    @property
+    def labels(self) -> dict:
+        return self.spec.get("labels") or {}
+
+    @property
     def status_colour(self):
         return CLUSTER_STATUS_COLOURS[self.status]
 

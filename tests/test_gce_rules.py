@@ -504,3 +504,57 @@ def test_a3_high_and_edge_get_their_gpus_and_tcpx_nics(fake, alpha, alice, machi
     controller = fake.resources[f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/{prefix}-ctl"]
     conf = {i["key"]: i["value"] for i in controller["metadata"]["items"]}["slurm-conf"]
     assert f"Gres=gpu:{gpus}" in conf
+
+
+# -- file systems the spec names -------------------------------------------------------------------
+
+TEAM_HOME = f"projects/{PROJECT}/locations/{ZONE}/instances/team-home"
+SCRATCH = f"projects/{PROJECT}/locations/{ZONE}/instances/scratch"
+
+
+def existing_storage_spec():
+    """Dana's team keeps /home on a Filestore and datasets on a Managed Lustre that outlive clusters."""
+    spec = gce_spec(nodes=2)
+    spec["console"]["storage"].pop("filestore_home")
+    spec["orchestrator_spec"]["slurm_spec"]["home_directory_storage"] = TEAM_HOME
+    spec["node_pools"][1]["lustres"] = [SCRATCH]
+    return spec
+
+
+def test_file_systems_the_spec_names_are_mounted_where_it_says(fake, alpha, alice):
+    fake.resources[f"file:{TEAM_HOME}"] = {"name": TEAM_HOME, "networks": [{"ipAddresses": ["10.9.0.2"]}],
+                                           "fileShares": [{"name": "home", "capacityGb": "2048"}]}  # fmt: skip
+    fake.resources[f"lustre:{SCRATCH}"] = {"name": SCRATCH, "mountPoint": "10.9.0.3@tcp:/lustrefs"}
+    prefix = built(alpha, alice, existing_storage_spec())
+    script = {i["key"]: i["value"] for i in template_of(fake, prefix)["properties"]["metadata"]["items"]}
+    assert (
+        "EXISTING_MOUNTS='nfs 10.9.0.2:/home /home;lustre 10.9.0.3@tcp:/lustrefs /mnt/scratch'"
+        in (script["startup-script"])
+    )
+    login = fake.resources[f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/{prefix}-login-0"]
+    login_script = {i["key"]: i["value"] for i in login["metadata"]["items"]}["startup-script"]
+    assert "EXISTING_MOUNTS='nfs 10.9.0.2:/home /home'" in login_script  # the pool's Lustre is its nodes' only
+    assert not [k for k in fake.resources if k.startswith("file:") and k != f"file:{TEAM_HOME}"]  # none created
+    engine.run(services.delete_cluster(cluster=Cluster.objects.get(), user=alice).pk)
+    assert f"file:{TEAM_HOME}" in fake.resources and f"lustre:{SCRATCH}" in fake.resources  # not the cluster's
+
+
+def test_a_file_system_the_spec_names_that_does_not_exist_stops_the_create_naming_the_field(fake, alpha, alice):
+    fake.resources[f"file:{TEAM_HOME}"] = {"name": TEAM_HOME, "networks": [{"ipAddresses": ["10.9.0.2"]}],
+                                           "fileShares": [{"name": "home"}]}  # fmt: skip
+    operation = create(alpha, alice, existing_storage_spec())
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == "FAILED"
+    assert operation.error == f"node_pools[1].lustres[0]: no Managed Lustre instance {SCRATCH}"
+
+
+def test_home_named_and_created_at_once_is_refused(alice_api):
+    spec = existing_storage_spec()
+    spec["console"]["storage"]["filestore_home"] = {"tier": "ZONAL", "capacity_gb": 1024}
+    spec["node_pools"][1]["filestores"] = ["team-home"]
+    response = alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "both", "spec": spec}, format="json")
+    assert response.status_code == 400
+    errors = response.json()["spec"]
+    assert "not both" in str(errors["orchestrator_spec.slurm_spec.home_directory_storage"])
+    assert "must be a full instance name" in str(errors["node_pools[1].filestores[0]"])

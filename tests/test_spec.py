@@ -319,3 +319,18 @@ def test_it_accepts_the_services_scheduling_settings_and_keeps_every_value():
     spec["orchestrator_spec"]["slurm_spec"].update(accounting=dict(accounting), scheduling=dict(scheduling))
     slurm = validate_spec(spec, backends=all_backends())["orchestrator_spec"]["slurm_spec"]
     assert (slurm["accounting"], slurm["scheduling"]) == (accounting, scheduling)
+
+
+def test_it_checks_labels_as_compute_engine_takes_them_and_keeps_the_consoles_own():
+    spec = example_spec()
+    spec["labels"] = {"team": "dana", "Cost Center": "x", "tcc-cluster": "theirs", "env": "Prod", "costCenter": "y"}
+    spec["description"] = 5
+    errors = errors_of(spec)
+    assert "keys are 1-63 lowercase" in errors["labels.Cost Center"][0]
+    assert "keys are 1-63 lowercase" in errors["labels.costCenter"][0]  # a map's keys are not camelCase fields
+    assert errors["labels.tcc-cluster"] == ["is the console's own label"]
+    assert "values are 0-63 lowercase" in errors["labels.env"][0]
+    assert "must be text" in errors["description"][0]
+    spec["labels"] = {"team": "dana", "cost-center": "ml-42"}
+    spec["description"] = "Dana's team"
+    assert validate_spec(spec, backends=all_backends())["labels"] == {"team": "dana", "cost-center": "ml-42"}

@@ -86,9 +86,15 @@ def int_string(value):
     return isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 19
 
 
+# Map fields: their keys are the user's (label keys), not field names, and keep their spelling.
+MAP_FIELDS = {"labels"}
+
+
 def normalize(value, key=None):
     """Proto-JSON accepts camelCase field names and int64 strings; the console keeps the docs'
     snake_case and numbers."""
+    if key in MAP_FIELDS and isinstance(value, dict):
+        return dict(value)
     if isinstance(value, dict):
         return {snake_case(k): normalize(v, snake_case(k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -173,6 +179,7 @@ def validate_spec(data, *, backends):
     if name and (not isinstance(name, str) or not DISPLAY_NAME.match(name)):
         errors.add("display_name", "must be 1-10 lowercase letters or digits, starting with a letter (e.g. 'llama01')")
 
+    validate_labels(errors, spec.get("labels"), spec.get("description"))
     pools = validate_node_pools(errors, spec.get("node_pools"))
     validate_network(errors, spec.get("network"))
     validate_runtime(errors, spec.get("runtime_spec"))
@@ -193,6 +200,39 @@ def validate_spec(data, *, backends):
     if errors:
         raise SpecError(errors.by_path)
     return spec
+
+
+# Labels as Compute Engine takes them (the gce backend puts them on every resource that has labels): at
+# most 64, keys of 1-63 lowercase letters, digits, - or _ starting with a letter, values of 0-63 of those.
+# https://cloud.google.com/compute/docs/labeling-resources#requirements
+LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}\Z")
+LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}\Z")
+MAX_LABELS = 64
+# Keys the console's own labels use (ownership: a user's label must not pose as it).
+RESERVED_LABELS = ("tcc-cluster", "tcc-pool", "tcc-role", "tcc-node", "managed-by")
+MAX_DESCRIPTION = 2048
+
+
+def validate_labels(errors, labels, description):
+    if description is not None and (not isinstance(description, str) or len(description) > MAX_DESCRIPTION):
+        errors.add("description", f"must be text of at most {MAX_DESCRIPTION} characters")
+    if labels is None:
+        return
+    if not isinstance(labels, dict):
+        errors.add("labels", "must be an object of label keys to values")
+        return
+    if len(labels) > MAX_LABELS - len(RESERVED_LABELS):
+        errors.add(
+            "labels",
+            f"at most {MAX_LABELS - len(RESERVED_LABELS)} labels (Compute Engine's 64, less the console's own)",
+        )
+    for key, value in labels.items():
+        if not LABEL_KEY.match(key):
+            errors.add(f"labels.{key}", "keys are 1-63 lowercase letters, digits, - or _, starting with a letter")
+        elif key in RESERVED_LABELS:
+            errors.add(f"labels.{key}", "is the console's own label")
+        if not isinstance(value, str) or not LABEL_VALUE.match(value):
+            errors.add(f"labels.{key}", "values are 0-63 lowercase letters, digits, - or _")
 
 
 # A user-managed service account (name@project.iam.gserviceaccount.com) or a project's Compute Engine

@@ -69,6 +69,16 @@ class GceBackend(Backend):
         net = (spec.get("console") or {}).get("network") or {}
         if not net.get("create") and not (spec.get("network") or {}).get("network"):
             yield "network.network", "the gce backend needs an existing network or console.network.create"
+        home = spec["orchestrator_spec"]["slurm_spec"].get("home_directory_storage")
+        if home and ((spec.get("console") or {}).get("storage") or {}).get("filestore_home"):
+            yield (
+                "orchestrator_spec.slurm_spec.home_directory_storage",
+                "name an existing file system for /home or have the console create one (console.storage."
+                "filestore_home), not both",
+            )
+        for path, name in storage.named_paths(spec):
+            if not storage.INSTANCE_NAME.match(name):
+                yield path, "must be a full instance name: projects/PROJECT/locations/LOCATION/instances/NAME"
 
     def project_problems(self, project):
         if not project.gcp_project_id:
@@ -181,6 +191,8 @@ class GceBackend(Backend):
             steps.append(Step(f"Create Filestore {cloud.n.filestore}", lambda ctx: storage.create_filestore(cloud)))
         if store.get("lustre"):
             steps.append(Step(f"Create Managed Lustre {cloud.n.lustre}", lambda ctx: storage.create_lustre(cloud)))
+        if storage.existing_names(spec):
+            steps.append(Step("Read the file systems the spec names", lambda ctx: storage.read_existing(cloud)))
         for pool in cloud.compute_pools:
             if instances.uses_own_placement(pool):
                 steps.append(

@@ -38,7 +38,8 @@ class Cloud:
 
     @property
     def labels(self):
-        return {OWNER_LABEL: self.n.prefix, "managed-by": "training-cluster-console"}
+        """The spec's labels and the console's own (which win) on every resource that takes labels."""
+        return {**(self.spec.get("labels") or {}), OWNER_LABEL: self.n.prefix, "managed-by": "training-cluster-console"}
 
     @property
     def description(self):

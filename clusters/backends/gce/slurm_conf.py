@@ -10,6 +10,7 @@ from ...slurm import hooks, hostlist
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from ...work import TransientBackendError
+from . import storage as storage_mod
 from .errors import map_api_error
 from .names import gpu_count, is_gpu_pool
 
@@ -209,6 +210,7 @@ def startup_script(cloud, pool, role):
         "LUSTRE": state.get("lustre_mount_point", "") if storage.get("lustre") else "",
         "LUSTRE_MOUNT": (storage.get("lustre") or {}).get("mount_point", "/lustre"),
         "GCS_MOUNTS": ";".join(mounts),
+        "EXISTING_MOUNTS": ";".join(storage_mod.existing_mounts(cloud, pool)),
         "GPUS": str(gpus),
         "SECRETS": settings.GCE_SECRET_MANAGER_ENDPOINT or "https://secretmanager.googleapis.com",
         "SHARED": SHARED,

@@ -22,6 +22,9 @@ CONTROLLER='@CONTROLLER@'
 HOME_SHARE='@HOME_SHARE@'
 LUSTRE='@LUSTRE@'
 LUSTRE_MOUNT='@LUSTRE_MOUNT@'
+# File systems the spec names that exist already (home_directory_storage, a pool's filestores and lustres):
+# "nfs|lustre SOURCE MOUNT_POINT;..."
+EXISTING_MOUNTS='@EXISTING_MOUNTS@'
 GCS_MOUNTS='@GCS_MOUNTS@'
 GPUS='@GPUS@'
 SECRETS='@SECRETS@'
@@ -153,7 +156,7 @@ case "$ROLE" in
   controller) packages+=(slurmctld slurmrestd slurm-wlm-jwt-plugin) ;;
   compute) packages+=(slurmd) ;;
 esac
-[ -n "$HOME_SHARE" ] && packages+=(nfs-common)
+{ [ -n "$HOME_SHARE" ] || [[ "$EXISTING_MOUNTS" == *nfs* ]]; } && packages+=(nfs-common)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -171,7 +174,8 @@ if [ -z "$SIMULATED" ] && [ -n "$GCS_MOUNTS" ] && ! command -v gcsfuse >/dev/nul
     > /etc/apt/sources.list.d/gcsfuse.list
   apt-get update -qq && apt-get install -y -qq gcsfuse >/dev/null || fail "installing gcsfuse"
 fi
-if [ -z "$SIMULATED" ] && [ -n "$LUSTRE" ] && ! command -v mount.lustre >/dev/null; then
+if [ -z "$SIMULATED" ] && { [ -n "$LUSTRE" ] || [[ "$EXISTING_MOUNTS" == lustre* || "$EXISTING_MOUNTS" == *\;lustre* ]]; } \
+    && ! command -v mount.lustre >/dev/null; then
   fail "the image has no Lustre client (mount.lustre); use an image with Managed Lustre's client (GCE_IMAGE / GCE_GPU_IMAGE)"
 fi
 if [ "$ROLE" = compute ] && [ "$GPUS" -gt 0 ]; then
@@ -208,6 +212,18 @@ if [ -z "$SIMULATED" ]; then
     mkdir -p "$LUSTRE_MOUNT"
     mount -t lustre "$LUSTRE" "$LUSTRE_MOUNT" || fail "mounting $LUSTRE on $LUSTRE_MOUNT"
   fi
+  IFS=';' read -ra existing <<< "$EXISTING_MOUNTS"
+  for entry in "${existing[@]}"; do
+    [ -n "$entry" ] || continue
+    read -r kind source point <<< "$entry"
+    mkdir -p "$point"
+    mountpoint -q "$point" && continue
+    if [ "$kind" = nfs ]; then
+      mount -t nfs -o vers=3,hard,timeo=600 "$source" "$point" || fail "mounting $point from $source"
+    else
+      mount -t lustre "$source" "$point" || fail "mounting $source on $point"
+    fi
+  done
   IFS=';' read -ra mounts <<< "$GCS_MOUNTS"
   for entry in "${mounts[@]}"; do
     [ -n "$entry" ] || continue

@@ -4,12 +4,13 @@ Nodes mount them by the addresses the services give, never by instance name: Fil
 share (`10.0.0.2:/home`), Managed Lustre by its mount point (`10.0.0.3@tcp:/lustrefs`). Both are
 read after the create and kept in backend_state for the startup script."""
 
+import re
 import time
 
 from django.conf import settings
 
 from ...spec.console_block import storage_tiers
-from ...work import TransientBackendError, heartbeat
+from ...work import PermanentBackendError, TransientBackendError, heartbeat
 from .errors import map_api_error
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
@@ -72,6 +73,78 @@ def create_lustre(cloud):
     if not found.mount_point:
         raise TransientBackendError(f"Managed Lustre {cloud.n.lustre} has no mount point yet")
     cloud.backend.save_state(cloud.cluster, lustre_mount_point=found.mount_point)
+
+
+INSTANCE_NAME = re.compile(r"projects/[^/]+/locations/[a-z0-9-]+/instances/[a-z][-a-z0-9]*\Z")
+
+
+def named_paths(spec):
+    """(field path, instance name) for every existing file system the spec names."""
+    home = spec["orchestrator_spec"]["slurm_spec"].get("home_directory_storage")
+    if home:
+        yield "orchestrator_spec.slurm_spec.home_directory_storage", home
+    for i, pool in enumerate(spec["node_pools"]):
+        for key in ("filestores", "lustres"):
+            for j, name in enumerate(pool.get(key) or []):
+                yield f"node_pools[{i}].{key}[{j}]", name
+
+
+def existing_names(spec):
+    """{instance name: (field path, kind)} of the file systems the spec names that exist already; kind is
+    nfs (a pool's filestores), lustre (its lustres) or "" (the home directory storage: either)."""
+    found = {}
+    for path, name in named_paths(spec):
+        kind = "nfs" if ".filestores[" in path else "lustre" if ".lustres[" in path else ""
+        found.setdefault(name, (path, kind))
+    return found
+
+
+def read_existing(cloud):
+    """Read each existing file system the spec names (its address, as for those the console creates) and
+    keep `kind source` per name in backend_state for the startup script; one that does not exist stops
+    the create with the field that names it."""
+    mounts = {}
+    for name, (field, kind) in existing_names(cloud.spec).items():
+        found = None
+        if kind in ("", "nfs"):
+            found = cloud.get(lambda n=name: cloud.c.filestore.get_instance(name=n))
+            if found is not None:
+                addresses = [ip for network in found.networks for ip in network.ip_addresses]
+                if not addresses or not found.file_shares:
+                    raise TransientBackendError(f"Filestore {name} has no IP address or share yet")
+                mounts[name] = f"nfs {addresses[0]}:/{found.file_shares[0].name}"
+        if found is None and kind in ("", "lustre"):
+            found = cloud.get(lambda n=name: cloud.c.lustre.get_instance(name=n))
+            if found is not None:
+                if not found.mount_point:
+                    raise TransientBackendError(f"Managed Lustre {name} has no mount point yet")
+                mounts[name] = f"lustre {found.mount_point}"
+        if found is None:
+            what = {"nfs": "Filestore instance", "lustre": "Managed Lustre instance"}.get(
+                kind, "Filestore or Lustre instance"
+            )
+            raise PermanentBackendError(f"{field}: no {what} {name}")
+    cloud.backend.save_state(cloud.cluster, existing_mounts=mounts)
+
+
+def mount_point(spec, name):
+    """Where nodes mount an existing file system: /home for the home directory storage, else
+    /mnt/<instance id>."""
+    if name == spec["orchestrator_spec"]["slurm_spec"].get("home_directory_storage"):
+        return "/home"
+    return f"/mnt/{name.rsplit('/', 1)[-1]}"
+
+
+def existing_mounts(cloud, pool):
+    """ "kind source point" for each existing file system a node of `pool` mounts: the home on every node,
+    a pool's filestores and lustres on its own nodes."""
+    known = (cloud.cluster.backend_state or {}).get("existing_mounts") or {}
+    home = cloud.spec["orchestrator_spec"]["slurm_spec"].get("home_directory_storage")
+    names = ([home] if home else []) + list(pool.get("filestores") or []) + list(pool.get("lustres") or [])
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise TransientBackendError(f"the address of {missing[0]} is not known yet (a storage step reads it)")
+    return [f"{known[n]} {mount_point(cloud.spec, n)}" for n in dict.fromkeys(names)]
 
 
 def filestore_name(cloud):
