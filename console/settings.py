@@ -390,6 +390,12 @@ GCE_SSH_SOURCE_RANGES = [r for r in env("GCE_SSH_SOURCE_RANGES", "35.235.240.0/2
 # Off: a console outside the clusters' VPCs that only provisions (no jobs, scans or recipes; node state
 # from Compute Engine alone).
 GCE_REACH_CLUSTERS = envbool("GCE_REACH_CLUSTERS", "True")
+# Where the console's workers reach the controllers from: a firewall rule on each cluster admits these
+# ranges (the workers' subnet; comma-separated) to slurmrestd and the agent, and nothing else does.
+# Required while GCE_REACH_CLUSTERS is on. GCE_CONSOLE_NETWORK (projects/P/global/networks/N), when
+# set, is peered with each VPC the console creates so the workers have a route to it (docs/gce.md).
+GCE_CONSOLE_RANGES = [r for r in env("GCE_CONSOLE_RANGES", "").split(",") if r]
+GCE_CONSOLE_NETWORK = env("GCE_CONSOLE_NETWORK")
 GCE_SLURMRESTD_PORT = envint("GCE_SLURMRESTD_PORT", 6820)
 GCE_AGENT_PORT = envint("GCE_AGENT_PORT", 6821)
 # The Python on a gce cluster's nodes that runs health checks (numpy) and recipes (torch, transformers,

@@ -133,6 +133,8 @@ class FakeGoogleCloud:
             # Booted VMs are polled through their slurmrestd: not a hundred times a second.
             "GCE_POLL_INTERVAL": 0.2 if self.vpc is not None else 0.01,
             "GCE_REACH_CLUSTERS": self.vpc is not None,
+            # The console reaches the VMs from this machine, on the fake VPC's bridge.
+            "GCE_CONSOLE_RANGES": [f"{self.vpc.subnet}.0/24"] if self.vpc is not None else [],
         }
 
     def configure(self, settings):
@@ -302,6 +304,20 @@ class FakeGoogleCloud:
             return refused
         if collection == "instances" and len(rest) == 2 and rest[1] == "bulkInsert" and method == "POST":
             return self._bulk_insert(scope_path, scope_url, body, error)
+        if collection == "networks" and len(rest) == 3 and rest[2] in ("addPeering", "removePeering"):
+            key = f"{collection_path}/{rest[1]}"
+            if key not in self.resources:
+                return 404, http_error(404, f"The resource '{key}' was not found", "notFound")
+            peerings = self.resources[key].setdefault("peerings", [])
+            if rest[2] == "addPeering":
+                peering = body.get("networkPeering") or {}
+                peer = "/compute/v1/" + peering.get("network", "").split("/compute/v1/")[-1].lstrip("/")
+                if peer not in self.resources:
+                    return 400, http_error(400, f"The resource '{peering.get('network')}' was not found", "invalid")
+                peerings.append({**peering, "state": "ACTIVE"})
+            else:
+                self.resources[key]["peerings"] = [p for p in peerings if p.get("name") != body.get("name")]
+            return 200, self._operation(scope_url, self.endpoint + key, rest[2])
         if collection == "instances" and len(rest) == 3 and rest[2] in ("reset", "start", "stop") and method == "POST":
             key = f"{collection_path}/{rest[1]}"
             if key not in self.resources:
@@ -660,6 +676,8 @@ NOUNS = {
     "subnetworks",
     "firewalls",
     "routers",
+    "addPeering",
+    "removePeering",
     "instanceTemplates",
     "resourcePolicies",
     "instances",

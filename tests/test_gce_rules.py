@@ -558,3 +558,41 @@ def test_home_named_and_created_at_once_is_refused(alice_api):
     errors = response.json()["spec"]
     assert "not both" in str(errors["orchestrator_spec.slurm_spec.home_directory_storage"])
     assert "must be a full instance name" in str(errors["node_pools[1].filestores[0]"])
+
+
+# -- the console reaches its clusters -------------------------------------------------------------
+
+
+def test_only_the_consoles_workers_reach_the_controllers_doors(fake, alpha, alice, settings):
+    settings.GCE_REACH_CLUSTERS = True
+    settings.GCE_CONSOLE_RANGES = []
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == "FAILED" and "GCE_CONSOLE_RANGES is empty" in operation.error
+    Cluster.objects.all().delete()
+
+    settings.GCE_CONSOLE_RANGES = ["10.200.0.0/24"]
+    settings.GCE_CONSOLE_NETWORK = "projects/console-host/global/networks/console"
+    fake.resources["/compute/v1/projects/console-host/global/networks/console"] = {"name": "console"}
+    settings.GCE_REACH_CLUSTERS = False  # provisioning only here: nothing in the fake answers on a controller
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    settings.GCE_REACH_CLUSTERS = True
+    steps = [s for s in get_backend("gce").apply_steps(operation.cluster) if "Wait" not in s.name]
+    steps = [s for s in steps if not s.name.startswith(("Reconfigure", "Hold"))]
+    for step in steps:
+        step.run(None)
+    prefix = names("alpha", "ultra").prefix
+    rule = fake.resources[f"/compute/v1/projects/{PROJECT}/global/firewalls/{prefix}-console"]
+    assert rule["sourceRanges"] == ["10.200.0.0/24"] and rule["targetTags"] == [f"{prefix}-controller"]
+    assert rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["6820", "6821"]}]
+    cluster_net = fake.resources[f"/compute/v1/projects/{PROJECT}/global/networks/{prefix}-net"]
+    console_net = fake.resources["/compute/v1/projects/console-host/global/networks/console"]
+    assert [p["network"] for p in cluster_net["peerings"]] == ["projects/console-host/global/networks/console"]
+    assert [p["network"] for p in console_net["peerings"]] == [f"projects/{PROJECT}/global/networks/{prefix}-net"]
+    for step in get_backend("gce").delete_steps(Cluster.objects.get()):
+        step.run(None)
+    assert (
+        console_net["peerings"] == []
+        and f"/compute/v1/projects/{PROJECT}/global/firewalls/{prefix}-console" not in fake.resources
+    )

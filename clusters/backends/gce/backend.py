@@ -121,12 +121,16 @@ class GceBackend(Backend):
                 ("VPC network", n.network, f"MTU {net.get('mtu', 1460)}"),
                 ("Subnetwork", n.subnetwork, net.get("subnet_range", "")),
             ]
+            if settings.GCE_CONSOLE_NETWORK:
+                items.append(("VPC peering", n.console_peering, f"with the console's {settings.GCE_CONSOLE_NETWORK}"))
             if net.get("cloud_nat"):
                 items.append(("Cloud NAT", n.router, "outbound internet for the nodes (no external addresses)"))
         items += [
             ("Firewall rule", n.firewall_internal, "all traffic inside the subnet"),
             ("Firewall rule", n.firewall_ssh, "tcp:22 to the login node only"),
         ]
+        if settings.GCE_REACH_CLUSTERS:
+            items.append(("Firewall rule", n.firewall_console, "the console's workers to slurmrestd and the agent"))
         if net.get("private_services_range"):
             items.append(("Private services access", n.psa_range, net["private_services_range"]))
         if store.get("filestore_home"):
@@ -178,6 +182,8 @@ class GceBackend(Backend):
                 Step(f"Create VPC network {cloud.n.network}", lambda ctx: network.create_network(cloud)),
                 Step(f"Create subnetwork {cloud.n.subnetwork}", lambda ctx: network.create_subnetwork(cloud)),
             ]
+            if settings.GCE_CONSOLE_NETWORK:
+                steps.append(Step("Peer with the console's network", lambda ctx: network.create_console_peering(cloud)))
             if net.get("cloud_nat"):
                 steps.append(Step(f"Create Cloud NAT {cloud.n.router}", lambda ctx: network.create_nat(cloud)))
             if fabric.cluster_nets(cloud):

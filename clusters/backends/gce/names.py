@@ -47,6 +47,15 @@ class Names:
         return f"{self.prefix}-nat"
 
     @property
+    def firewall_console(self):
+        """Admits the console's workers (GCE_CONSOLE_RANGES) to the controller's slurmrestd and agent."""
+        return f"{self.prefix}-console"
+
+    @property
+    def console_peering(self):
+        return f"{self.prefix}-console-peering"
+
+    @property
     def psa_range(self):
         return f"{self.prefix}-psa"
 

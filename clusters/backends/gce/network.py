@@ -6,6 +6,8 @@ import time
 from django.conf import settings
 
 from ...work import PermanentBackendError, TransientBackendError, heartbeat
+from .cloud import wait_operation
+from .errors import map_api_error
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
@@ -47,6 +49,63 @@ def create_subnetwork(cloud):
             ),
         ),
     )
+
+
+def create_console_peering(cloud):
+    """Peer the cluster's VPC with the console's (GCE_CONSOLE_NETWORK), both ways, so the console's workers
+    have a route to the controller; a peering is made on each side
+    (https://cloud.google.com/vpc/docs/using-vpc-peering#creating_a_peering_configuration)."""
+    from google.api_core import exceptions
+    from google.cloud import compute_v1
+
+    console = settings.GCE_CONSOLE_NETWORK.strip("/")
+    console_project, console_name = console.split("/")[1], console.rsplit("/", 1)[-1]
+    sides = (
+        (cloud.project, cloud.network_name, console),
+        (console_project, console_name, cloud.network_url),
+    )
+    for project, network, peer in sides:
+        found = cloud.get(lambda p=project, n=network: cloud.c.networks.get(project=p, network=n))
+        if found is None:
+            raise PermanentBackendError(f"network projects/{project}/global/networks/{network} does not exist")
+        if any(p.name == cloud.n.console_peering for p in found.peerings):
+            continue
+        request = compute_v1.NetworksAddPeeringRequest(
+            network_peering=compute_v1.NetworkPeering(
+                name=cloud.n.console_peering, network=peer, exchange_subnet_routes=True
+            )
+        )
+        try:
+            operation = cloud.c.networks.add_peering(
+                project=project, network=network, networks_add_peering_request_resource=request
+            )
+        except exceptions.GoogleAPICallError as exc:
+            raise map_api_error(exc, f"peering {network} with {peer}") from None
+        wait_operation(cloud.c, project, operation, f"peering {network} with {peer}")  # in the network's project
+
+
+def delete_console_peering(cloud):
+    """Remove the console's side of the peering (the cluster's side goes with its network)."""
+    from google.api_core import exceptions
+    from google.cloud import compute_v1
+
+    if not settings.GCE_CONSOLE_NETWORK or not cloud.network_block.get("create"):
+        return
+    console = settings.GCE_CONSOLE_NETWORK.strip("/")
+    project, name = console.split("/")[1], console.rsplit("/", 1)[-1]
+    found = cloud.get(lambda: cloud.c.networks.get(project=project, network=name))
+    if found is None or not any(p.name == cloud.n.console_peering for p in found.peerings):
+        return
+    request = compute_v1.NetworksRemovePeeringRequest(name=cloud.n.console_peering)
+    try:
+        operation = cloud.c.networks.remove_peering(
+            project=project, network=name, networks_remove_peering_request_resource=request
+        )
+    except exceptions.NotFound:
+        return
+    except exceptions.GoogleAPICallError as exc:
+        raise map_api_error(exc, f"removing the peering from {name}") from None
+    wait_operation(cloud.c, project, operation, f"removing the peering from {name}")
 
 
 def create_nat(cloud):
@@ -109,6 +168,24 @@ def create_firewalls(cloud):
             description=cloud.description,
         ),
     ]
+    if settings.GCE_REACH_CLUSTERS:
+        if not settings.GCE_CONSOLE_RANGES:
+            raise PermanentBackendError(
+                "GCE_CONSOLE_RANGES is empty: set it to the addresses the console's workers reach the clusters "
+                "from (their subnet), or GCE_REACH_CLUSTERS=false for a console that only provisions"
+            )
+        ports = [str(settings.GCE_SLURMRESTD_PORT), str(settings.GCE_AGENT_PORT)]
+        rules.append(
+            compute_v1.Firewall(
+                name=cloud.n.firewall_console,
+                network=cloud.network_url,
+                # The console's workers only, to the controller's two doors only.
+                source_ranges=settings.GCE_CONSOLE_RANGES,
+                target_tags=[f"{cloud.n.prefix}-controller"],
+                allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=ports)],
+                description=cloud.description,
+            )
+        )
     for rule in rules:
         cloud.ensure(
             f"firewall rule {rule.name}",
@@ -207,7 +284,7 @@ def await_networking(cloud, operation, what):
 
 
 def delete_firewalls(cloud):
-    for name in (cloud.n.firewall_ssh, cloud.n.firewall_internal):
+    for name in (cloud.n.firewall_console, cloud.n.firewall_ssh, cloud.n.firewall_internal):
         cloud.remove(
             f"firewall rule {name}",
             lambda n=name: cloud.c.firewalls.get(project=cloud.project, firewall=n),
@@ -240,6 +317,7 @@ def delete_network(cloud):
     if not cloud.network_block.get("create"):
         return
     delete_nat(cloud)  # a router uses the network: it goes first
+    delete_console_peering(cloud)
     cloud.remove(
         f"subnetwork {cloud.n.subnetwork}",
         lambda: cloud.c.subnetworks.get(project=cloud.project, region=cloud.region, subnetwork=cloud.n.subnetwork),
