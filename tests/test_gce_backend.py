@@ -251,6 +251,10 @@ def test_the_controller_gets_slurm_conf_and_a_resize_updates_it(fake, alpha, ali
     assert "PartitionName=a3ultra Nodes=a3ultra-[0-1] Default=YES" in conf
     assert metadata(fake, "login-0")["slurm-conf"] == conf
     assert "--conf-server" in metadata(fake, "ctl")["startup-script"]
+    # Jobs are confined to their cores, memory and GPUs (cgroup v2), and slurmd runs as Slurm's unit does.
+    assert "ConstrainDevices=yes" in metadata(fake, "ctl")["slurm-cgroup-conf"]
+    assert "CgroupPlugin=cgroup/v2" in metadata(fake, "ctl")["slurm-cgroup-conf"]
+    assert "--property=Delegate=yes --property=LimitMEMLOCK=infinity" in metadata(fake, "a3ultra-0")["startup-script"]
     assert "Epilog=/etc/slurm/epilog.sh" in conf and "Prolog=" not in conf
     # Configless compute nodes are not sent the epilog with slurm.conf: each gets it in its metadata.
     epilog = metadata(fake, "a3ultra-0")["slurm-epilog"]

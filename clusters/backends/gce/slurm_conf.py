@@ -27,13 +27,26 @@ AGENT = Path(__file__).resolve().parents[2] / "agent" / "server.py"
 CONFIGLESS_CONF = "/var/spool/slurmd/conf-cache/slurm.conf"
 
 
+# cgroup v2 confinement of every job: its cores, its memory and its devices (a job given 2 GPUs sees
+# those 2, not the node's 8). Configless slurmds fetch cgroup.conf from the controller with slurm.conf.
+# https://slurm.schedmd.com/cgroup.conf.html, https://slurm.schedmd.com/gres.html (ConstrainDevices)
+CGROUP_CONF = """# Written by the console's gce backend.
+CgroupPlugin=cgroup/v2
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+ConstrainDevices=yes
+"""
+
+
 def slurm_items(cloud):
-    """Metadata the controller and login nodes read: slurm.conf, gres.conf and the Prolog and Epilog."""
+    """Metadata the controller and login nodes read: slurm.conf, gres.conf, cgroup.conf and the Prolog and
+    Epilog."""
     from google.cloud import compute_v1
 
     return [
         compute_v1.Items(key="slurm-conf", value=render(cloud)),
         compute_v1.Items(key="slurm-gres-conf", value=render_gres(cloud)),
+        compute_v1.Items(key="slurm-cgroup-conf", value=CGROUP_CONF),
         *hook_items(cloud),
     ]
 

@@ -47,10 +47,17 @@ systemd_booted() { [ -d /run/systemd/system ]; }
 
 daemon() {  # daemon NAME COMMAND...: a service run in the foreground and started again whenever it ends
   local name=$1; shift
+  local properties=()
+  if [ "$name" = tcc-slurmd ]; then
+    # As Slurm's own slurmd.service: slurmd manages its jobs' cgroups itself (Delegate), and jobs may pin
+    # memory (RDMA, NCCL) and use deep stacks without the unit's limits.
+    properties=(--property=Delegate=yes --property=LimitMEMLOCK=infinity --property=LimitSTACK=infinity
+                --property=LimitNOFILE=131072 --property=TasksMax=infinity)
+  fi
   if systemd_booted; then
     systemctl stop "$name" 2>/dev/null || true
     systemctl reset-failed "$name" 2>/dev/null || true
-    systemd-run --quiet --unit="$name" --property=Restart=always --property=RestartSec=2 "$@"
+    systemd-run --quiet --unit="$name" --property=Restart=always --property=RestartSec=2 "${properties[@]}" "$@"
   else
     setsid bash -c 'while :; do "$@"; sleep 2; done' "$name" "$@" >>"/var/log/$name.log" 2>&1 </dev/null &
   fi
@@ -112,6 +119,9 @@ write_conf() {  # slurm.conf (and gres.conf) from the metadata; true when it cha
       /etc/slurm/slurm.conf.new
   fi
   meta instance/attributes/slurm-gres-conf > /etc/slurm/gres.conf || true
+  if [ -z "$SIMULATED" ]; then  # a simulated VM tracks processes without cgroups (see above)
+    meta instance/attributes/slurm-cgroup-conf > /etc/slurm/cgroup.conf || true
+  fi
   write_hooks
   if cmp -s /etc/slurm/slurm.conf.new /etc/slurm/slurm.conf; then
     rm /etc/slurm/slurm.conf.new
