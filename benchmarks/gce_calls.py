@@ -1,5 +1,6 @@
 """API calls and wall time of the gce backend against the fake Compute API (tests/fake_compute.py):
-create, grow by a quarter, and delete clusters of 8, 64 and 1,000 worker nodes in 1 and 4 partitions.
+create, grow by a quarter, and delete clusters of 8, 64, 1,000 and 10,000 worker nodes in 1 and 4
+partitions (10,000 in one: MAX_POOL_NODES, two bulkInserts of at most 5,000).
 
 Target: calls grow with partitions, not nodes, on create (one bulkInsert per pool), and a 1,000-node
 create plans and submits in under 10 s of console time. The fake answers at once, so the times are
@@ -53,13 +54,19 @@ def measure(fake, action):
     return elapsed, calls, fake.calls["POST bulkInsert"]
 
 
+def controller_conf(fake, cluster):
+    """The slurm.conf in the controller's metadata (one value: 256 KB at most on Compute Engine)."""
+    controller = next(r for k, r in fake.instances().items() if k.endswith("-ctl") and cluster.name in k)
+    return next(i["value"] for i in controller["metadata"]["items"] if i["key"] == "slurm-conf")
+
+
 def main():
     fake = FakeGoogleCloud().start()
     fake.configure(settings)
     user, project = bench_project("bench-proj")
-    print("workers parts | create s  calls bulk |  grow s  calls | delete s  calls")
-    for workers in (8, 64, 1000):
-        for partitions in (1, 4):
+    print("workers parts | create s  calls bulk |  grow s  calls | delete s  calls | slurm.conf bytes")
+    for workers in (8, 64, 1000, 10_000):
+        for partitions in (1, 4) if workers < 10_000 else (1,):
             name = f"b{workers}x{partitions}"
             spec = spec_for(workers, partitions)
             create = measure(
@@ -68,10 +75,11 @@ def main():
             cluster = Cluster.objects.get(name=name, status="READY")
             grow = measure(fake, lambda c=cluster, s=spec: services.update_cluster(cluster=c, spec=grown(s)))
             cluster.refresh_from_db()
+            conf = controller_conf(fake, cluster)
             delete = measure(fake, lambda c=cluster: services.delete_cluster(cluster=c, user=user))
             print(
                 f"{workers:>7} {partitions:>5} | {create[0]:>8.2f} {create[1]:>6} {create[2]:>4} | "
-                f"{grow[0]:>7.2f} {grow[1]:>6} | {delete[0]:>8.2f} {delete[1]:>6}"
+                f"{grow[0]:>7.2f} {grow[1]:>6} | {delete[0]:>8.2f} {delete[1]:>6} | {len(conf.encode()):>10,}"
             )
     fake.stop()
 
