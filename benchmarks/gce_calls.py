@@ -37,7 +37,9 @@ def spec_for(workers, partitions):
 def grown(spec):
     for pool in spec["node_pools"][1:]:
         n = pool["scaling_spec"]["min_node_count"]
-        n += max(1, n // 4)
+        n = min(n + max(1, n // 4), 10_000)  # MAX_POOL_NODES
+        if n == pool["scaling_spec"]["min_node_count"]:
+            n -= max(1, n // 4)  # at the largest size: shrink instead
         pool["scaling_spec"] = {"min_node_count": n, "max_node_count": n}
     return spec
 
