@@ -62,6 +62,7 @@ class FakeGoogleCloud:
         self.resources = {}  # path without query -> resource JSON
         self.operations = {}
         self.secret_versions = {}  # secret name -> [payload, ...]
+        self.iam = {}  # secret name -> IAM policy ({"bindings": [{"role", "members"}]})
         self.calls = Counter()
         self.injections = []
         self.lock = threading.Lock()
@@ -178,7 +179,8 @@ class FakeGoogleCloud:
                     return
                 body = self._body() if method in ("POST", "PATCH", "PUT") else {}
                 with fake.lock:
-                    status, payload = fake.handle(method, url.path, parse_qs(url.query), body)
+                    status, payload = fake.handle(method, url.path, parse_qs(url.query), body,
+                                                  self.headers.get("Authorization", ""))  # fmt: skip
                 self._answer(status, payload)
 
             def do_GET(self):
@@ -202,7 +204,7 @@ class FakeGoogleCloud:
                 return injection
         return None
 
-    def handle(self, method, path, query, body):
+    def handle(self, method, path, query, body, authorization=""):
         kind = self._kind(method, path)
         self.calls[kind] += 1
         injection = self._injected(method, path)
@@ -218,7 +220,7 @@ class FakeGoogleCloud:
         if path.startswith("/compute/v1/"):
             return self._compute(method, path, query, body, injection)
         if path.startswith("/sm/v1/"):
-            return self._secrets(method, path, query, body)
+            return self._secrets(method, path, query, body, authorization)
         if path.startswith("/v1/services/servicenetworking.googleapis.com/connections"):
             return self._connections(method, path, query, body)
         if path.startswith("/v1/operations/"):  # Service Networking's long-running operations
@@ -512,6 +514,15 @@ class FakeGoogleCloud:
                                "token_type": "Bearer"})  # fmt: skip
         return None
 
+    def _vm_member(self, instance, project):
+        """The IAM member a VM's token stands for: its service account ("default": the project's Compute
+        Engine default account, PROJECT_NUMBER-compute@developer.gserviceaccount.com)."""
+        found = next((r for k, r in self.instances().items() if k.endswith(f"/instances/{instance}")), {})
+        email = ((found.get("serviceAccounts") or [{}])[0]).get("email", "")
+        if email == "default":
+            email = f"{project_number(project)}-compute@developer.gserviceaccount.com"
+        return f"serviceAccount:{email}"
+
     def _locations(self, method, path, match, query, body):
         rest = match["rest"].split("/")
         service = match["service"]
@@ -567,11 +578,31 @@ class FakeGoogleCloud:
         self.operations[name] = op
         return op
 
-    def _secrets(self, method, path, query, body):
+    def _secrets(self, method, path, query, body, authorization=""):
+        """Secret Manager. IAM is checked for the VMs (their metadata server's token names them): a VM
+        reads a secret only when its service account has secretAccessor on it; the console's own
+        requests (anonymous credentials) are the administrator's."""
         match = SECRETS.match(path)
         if not match:
             return 404, http_error(404, "not found")
         parent = f"projects/{match['project']}/secrets"
+        if match["secret"] and match["verb"] in ("getIamPolicy", "setIamPolicy"):
+            name = f"{parent}/{match['secret']}"
+            if f"sm:{name}" not in self.resources:
+                return 404, http_error(404, f"Secret [{name}] not found.", "NOT_FOUND")
+            if match["verb"] == "setIamPolicy":
+                self.iam[name] = body.get("policy") or {}
+            return 200, {"version": 1, **self.iam.get(name, {})}
+        if match["verb"] == "access" and authorization.startswith("Bearer fake-token-"):
+            member = self._vm_member(authorization.removeprefix("Bearer fake-token-"), match["project"])
+            name = f"{parent}/{match['secret']}"
+            bindings = self.iam.get(name, {}).get("bindings", [])
+            granted = {
+                m for b in bindings if b.get("role") == "roles/secretmanager.secretAccessor" for m in b["members"]
+            }
+            if member not in granted:
+                why = f"Permission 'secretmanager.versions.access' denied for resource '{name}/versions/latest'"
+                return 403, rpc_error(403, f"{why} (or it may not exist).", "PERMISSION_DENIED")
         if not match["secret"]:
             name = f"{parent}/{query['secretId'][0]}"
             if f"sm:{name}" in self.resources:

@@ -596,3 +596,30 @@ def test_only_the_consoles_workers_reach_the_controllers_doors(fake, alpha, alic
         console_net["peerings"] == []
         and f"/compute/v1/projects/{PROJECT}/global/firewalls/{prefix}-console" not in fake.resources
     )
+
+
+def test_only_the_clusters_nodes_read_its_keys_granted_on_each_secret_not_project_wide(fake, alpha, alice):
+    """Each key's secret grants secretAccessor to the nodes' service account alone; a VM running as another
+    account (another cluster's) is refused as Secret Manager refuses: 403."""
+    import requests
+
+    from .fake_compute import project_number
+
+    spec = gce_spec(nodes=2)
+    spec["runtime_spec"] = {"service_account": "ultra-nodes@tcc-test.iam.gserviceaccount.com"}
+    prefix = built(alpha, alice, spec)
+    built(alpha, alice, gce_spec(nodes=1), name="other")  # the project's default account
+    other = names("alpha", "other").prefix
+    secret = f"projects/{PROJECT}/secrets/{prefix}-munge-key"
+    nodes = "serviceAccount:ultra-nodes@tcc-test.iam.gserviceaccount.com"
+    assert fake.iam[secret]["bindings"] == [{"role": "roles/secretmanager.secretAccessor", "members": [nodes]}]
+    default = f"serviceAccount:{project_number(PROJECT)}-compute@developer.gserviceaccount.com"
+    assert fake.iam[f"projects/{PROJECT}/secrets/{other}-munge-key"]["bindings"][0]["members"] == [default]
+
+    def read(vm, key):
+        return requests.get(f"{fake.endpoint}/sm/v1/{key}/versions/latest:access",
+                            headers={"Authorization": f"Bearer fake-token-{vm}"}, timeout=5)  # fmt: skip
+
+    assert read(f"{prefix}-a3ultra-0", secret).status_code == 200
+    refused = read(f"{other}-a3ultra-0", secret)
+    assert refused.status_code == 403 and refused.json()["error"]["status"] == "PERMISSION_DENIED"

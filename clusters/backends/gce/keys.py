@@ -56,6 +56,43 @@ def create_keys(cloud):
             cloud.c.secrets.add_secret_version(
                 parent=name, payload=secretmanager_v1.SecretPayload(data=random_source.token_bytes(size))
             )
+        grant_nodes(cloud, name)
+
+
+ACCESSOR = "roles/secretmanager.secretAccessor"
+
+
+def node_member(cloud):
+    """The IAM member the cluster's VMs run as: the spec's service account, or the project's Compute Engine
+    default one (PROJECT_NUMBER-compute@developer.gserviceaccount.com,
+    https://cloud.google.com/compute/docs/access/service-accounts#default_service_account)."""
+    from .instances import service_account
+    from .network import project_number
+
+    email = service_account(cloud)
+    if email == "default":
+        email = f"{project_number(cloud, cloud.project)}-compute@developer.gserviceaccount.com"
+    return f"serviceAccount:{email}"
+
+
+def grant_nodes(cloud, name):
+    """secretAccessor on this one secret for the nodes' service account, never project-wide: one cluster's
+    nodes read their own keys, not another cluster's
+    (https://cloud.google.com/secret-manager/docs/manage-access-to-secrets#secretmanager-grant-access)."""
+    from google.api_core import exceptions
+
+    member = node_member(cloud)
+    try:
+        policy = cloud.c.secrets.get_iam_policy(request={"resource": name})
+        binding = next((b for b in policy.bindings if b.role == ACCESSOR), None)
+        if binding is not None and member in binding.members:
+            return
+        if binding is None:
+            binding = policy.bindings.add(role=ACCESSOR)
+        binding.members.append(member)
+        cloud.c.secrets.set_iam_policy(request={"resource": name, "policy": policy})
+    except exceptions.GoogleAPICallError as exc:
+        raise map_api_error(exc, f"granting the nodes access to {name}") from None
 
 
 def delete_keys(cloud):
