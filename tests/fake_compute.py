@@ -129,6 +129,7 @@ class FakeGoogleCloud:
             "GCE_LUSTRE_ENDPOINT": f"{self.endpoint}/lustre",
             "GCE_SERVICE_NETWORKING_ENDPOINT": self.endpoint,
             "GCE_RESOURCE_MANAGER_ENDPOINT": self.endpoint,
+            "GCE_STORAGE_ENDPOINT": self.endpoint,
             "GCE_SECRET_MANAGER_ENDPOINT": f"{self.endpoint}/sm",
             "GCE_ANONYMOUS": True,
             # Booted VMs are polled through their slurmrestd: not a hundred times a second.
@@ -195,6 +196,9 @@ class FakeGoogleCloud:
             def do_PATCH(self):
                 self._dispatch("PATCH")
 
+            def do_PUT(self):
+                self._dispatch("PUT")
+
         return Handler
 
     def _injected(self, method, path):
@@ -229,6 +233,8 @@ class FakeGoogleCloud:
                 return 404, http_error(404, "operation not found")
             op["done"] = True  # done the second time it is read
             return 200, op
+        if path.startswith("/storage/v1/b"):
+            return self._buckets(method, path, query, body)
         if path.startswith("/v3/projects/") and method == "GET":  # Resource Manager: the project's number
             project = path.removeprefix("/v3/projects/")
             return 200, {"name": f"projects/{project_number(project)}", "projectId": project, "state": "ACTIVE"}
@@ -513,6 +519,31 @@ class FakeGoogleCloud:
             return json.dumps({"access_token": f"fake-token-{instance['name']}", "expires_in": 3599,
                                "token_type": "Bearer"})  # fmt: skip
         return None
+
+    def _buckets(self, method, path, query, body):
+        """Cloud Storage buckets (JSON API): names are global, so a name another project holds answers 409 on
+        create and 403 on read (seed one with `"foreign": True`)."""
+        parts = path.removeprefix("/storage/v1/b").strip("/").split("/")
+        if parts == [""] and method == "POST":
+            key = f"gcs:{body.get('name', '')}"
+            if key in self.resources:
+                why = "The requested bucket name is not available. The bucket namespace is shared by all users."
+                return 409, http_error(409, why, "conflict")
+            self.resources[key] = {**body, "projectNumber": project_number(query.get("project", [""])[0])}
+            self.iam[key] = {"bindings": []}
+            return 200, self.resources[key]
+        key = f"gcs:{parts[0]}"
+        bucket = self.resources.get(key)
+        if bucket is None:
+            return 404, http_error(404, "The specified bucket does not exist.", "notFound")
+        if bucket.get("foreign"):
+            return 403, http_error(403, "does not have storage.buckets.get access to the Google Cloud Storage bucket.",
+                                   "forbidden")  # fmt: skip
+        if parts[1:] == ["iam"]:
+            if method == "PUT":
+                self.iam[key] = {"bindings": body.get("bindings", [])}
+            return 200, {"kind": "storage#policy", **self.iam.setdefault(key, {"bindings": []})}
+        return 200, bucket
 
     def _vm_member(self, instance, project):
         """The IAM member a VM's token stands for: its service account ("default": the project's Compute

@@ -623,3 +623,46 @@ def test_only_the_clusters_nodes_read_its_keys_granted_on_each_secret_not_projec
     assert read(f"{prefix}-a3ultra-0", secret).status_code == 200
     refused = read(f"{other}-a3ultra-0", secret)
     assert refused.status_code == 403 and refused.json()["error"]["status"] == "PERMISSION_DENIED"
+
+
+def test_buckets_are_made_with_uniform_access_or_checked_and_the_nodes_may_use_them(fake, alpha, alice):
+    """The A3 Ultra architecture mounts three buckets: the console makes the missing ones in the region with
+    uniform bucket-level access, grants the nodes objectUser on each, mounts them with gcsfuse's real flags,
+    and keeps them when the cluster goes (checkpoints outlive it)."""
+    fake.resources["gcs:team-datasets"] = {"name": "team-datasets", "location": "us-central1"}  # theirs already
+    spec = gce_spec(nodes=2)
+    buckets = spec["console"]["storage"]["gcs_buckets"]
+    buckets.append({"bucket": "team-datasets", "mount_point": "/datasets", "mount_options": ["implicit-dirs"]})
+    prefix = built(alpha, alice, spec)
+    made = [k for k, r in fake.resources.items() if k.startswith("gcs:") and r.get("labels", {}).get("tcc-cluster")]
+    assert len(made) == len(buckets) - 1
+    for key in made:
+        bucket = fake.resources[key]
+        assert bucket["iamConfiguration"] == {"uniformBucketLevelAccess": {"enabled": True}}
+        assert bucket["location"] == "us-central1"
+    from .fake_compute import project_number
+
+    nodes = f"serviceAccount:{project_number(PROJECT)}-compute@developer.gserviceaccount.com"
+    for bucket in buckets:
+        assert {"role": "roles/storage.objectUser", "members": [nodes]} in fake.iam[f"gcs:{bucket['bucket']}"][
+            "bindings"
+        ]
+    script = {i["key"]: i["value"] for i in template_of(fake, prefix)["properties"]["metadata"]["items"]}[
+        "startup-script"
+    ]
+    assert "team-datasets /datasets --implicit-dirs -o allow_other" in script
+    assert "--metadata-cache-ttl-secs=-1" in script and "--file-cache-max-size-mb=-1" in script
+    engine.run(services.delete_cluster(cluster=Cluster.objects.get(), user=alice).pk)
+    assert all(key in fake.resources for key in made)
+
+
+def test_a_bucket_name_another_project_holds_stops_the_create_saying_so(fake, alpha, alice):
+    spec = gce_spec(nodes=2)
+    taken = spec["console"]["storage"]["gcs_buckets"][0]["bucket"]
+    fake.resources[f"gcs:{taken}"] = {"name": taken, "foreign": True}
+    operation = create(alpha, alice, spec)
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == "FAILED" and f"bucket {taken} exists, but the console's credentials cannot read it" in (
+        operation.error
+    )

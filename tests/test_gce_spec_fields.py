@@ -174,7 +174,7 @@ FIELDS = [
           lambda w: w.keys("lustre:") and "LUSTRE_MOUNT='/scratch'" in w.metadata(w.template())["startup-script"]),
     Field("console.storage.gcs_buckets", lambda s: s["console"]["storage"].update(
         gcs_buckets=[{"bucket": "dana-ckpts", "mount_point": "/ckpt", "mount_options": ["implicit-dirs"]}]),
-          lambda w: "dana-ckpts /ckpt implicit-dirs" in w.metadata(w.template())["startup-script"]),
+          lambda w: "dana-ckpts /ckpt --implicit-dirs -o allow_other" in w.metadata(w.template())["startup-script"]),
 ]  # fmt: skip
 
 

@@ -197,6 +197,8 @@ class GceBackend(Backend):
             steps.append(Step(f"Create Filestore {cloud.n.filestore}", lambda ctx: storage.create_filestore(cloud)))
         if store.get("lustre"):
             steps.append(Step(f"Create Managed Lustre {cloud.n.lustre}", lambda ctx: storage.create_lustre(cloud)))
+        if store.get("gcs_buckets"):
+            steps.append(Step("Create or check the Cloud Storage buckets", lambda ctx: storage.ensure_buckets(cloud)))
         if storage.existing_names(spec):
             steps.append(Step("Read the file systems the spec names", lambda ctx: storage.read_existing(cloud)))
         for pool in cloud.compute_pools:

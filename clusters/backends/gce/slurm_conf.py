@@ -205,11 +205,32 @@ def render_gres(cloud):
     return "\n".join(lines) + "\n"
 
 
+# Mount options gcsfuse takes with -o (FUSE's own); everything else is one of gcsfuse's flags.
+FUSE_OPTIONS = ("allow_other", "ro", "rw", "uid=", "gid=", "file_mode=", "dir_mode=")
+
+
+def gcsfuse_flags(options):
+    """The spec's mount options as gcsfuse's command line: a config key written `section:key:value`
+    (the form GKE's Cloud Storage FUSE driver takes) is the flag `--section-key=value`, a bare name
+    `--name`, FUSE options go to -o, and allow_other always does, so users' jobs (not root) read the
+    mount. https://cloud.google.com/storage/docs/cloud-storage-fuse/cli-options"""
+    flags, fuse = [], ["allow_other"]
+    for option in options:
+        if option.startswith(FUSE_OPTIONS):
+            fuse.append(option)
+        elif ":" in option:
+            *keys, value = option.split(":")
+            flags.append(f"--{'-'.join(keys)}={value}")
+        else:
+            flags.append(f"--{option}")
+    return " ".join([*flags, "-o", ",".join(dict.fromkeys(fuse))])
+
+
 def startup_script(cloud, pool, role):
     """The node's startup script: install Slurm, join the controller, mount /home, Lustre and buckets."""
     storage = cloud.storage
     mounts = [
-        f"{b['bucket']} {b['mount_point']} {','.join(b.get('mount_options', []))}"
+        f"{b['bucket']} {b['mount_point']} {gcsfuse_flags(b.get('mount_options', []))}"
         for b in storage.get("gcs_buckets", [])
     ]
     state = cloud.cluster.backend_state or {}

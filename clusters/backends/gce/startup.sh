@@ -239,7 +239,9 @@ if [ -z "$SIMULATED" ]; then
     [ -n "$entry" ] || continue
     read -r bucket point options <<< "$entry"
     mkdir -p "$point"
-    mountpoint -q "$point" || gcsfuse ${options:+-o "$options"} "$bucket" "$point" || fail "mounting gs://$bucket on $point"
+    # $options: gcsfuse's flags and -o FUSE options, as the console wrote them (slurm_conf.gcsfuse_flags)
+    # shellcheck disable=SC2086
+    mountpoint -q "$point" || gcsfuse $options "$bucket" "$point" || fail "mounting gs://$bucket on $point"
   done
 fi
 

@@ -147,6 +147,65 @@ def existing_mounts(cloud, pool):
     return [f"{known[n]} {mount_point(cloud.spec, n)}" for n in dict.fromkeys(names)]
 
 
+def storage_url(cloud):
+    return settings.GCE_STORAGE_ENDPOINT or cloud.c.endpoint or "https://storage.googleapis.com"
+
+
+OBJECT_USER = "roles/storage.objectUser"
+
+
+def ensure_buckets(cloud):
+    """The Cloud Storage buckets the spec mounts: each is made in the cluster's region with uniform
+    bucket-level access when it does not exist (and kept after the cluster: checkpoints outlive it), and
+    the nodes' service account gets objectUser on it so gcsfuse can read and write.
+    https://cloud.google.com/storage/docs/creating-buckets, https://cloud.google.com/storage/docs/uniform-bucket-level-access"""
+    from .keys import node_member
+
+    session, base = cloud.c.session(), f"{storage_url(cloud)}/storage/v1"
+    member = node_member(cloud)
+    for bucket in cloud.storage.get("gcs_buckets", []):
+        name = bucket["bucket"]
+        found = session.get(f"{base}/b/{name}")
+        if found.status_code == 404:
+            created = session.post(
+                f"{base}/b",
+                params={"project": cloud.project},
+                json={
+                    "name": name,
+                    "location": cloud.region,
+                    "iamConfiguration": {"uniformBucketLevelAccess": {"enabled": True}},
+                    "labels": cloud.labels,
+                },
+            )
+            if created.status_code == 409:
+                raise PermanentBackendError(
+                    f"console.storage.gcs_buckets: the bucket name {name} is taken by another project "
+                    "(bucket names are global); choose another"
+                )
+            if not created.ok:
+                raise TransientBackendError(f"creating bucket {name}: {created.status_code} {created.text[:200]}")
+        elif found.status_code == 403:
+            raise PermanentBackendError(
+                f"console.storage.gcs_buckets: bucket {name} exists, but the console's credentials cannot read it"
+            )
+        elif not found.ok:
+            raise TransientBackendError(f"reading bucket {name}: {found.status_code}")
+        policy = session.get(f"{base}/b/{name}/iam")
+        if not policy.ok:
+            raise PermanentBackendError(f"reading bucket {name}'s IAM policy: {policy.status_code}")
+        body = policy.json()
+        bindings = body.setdefault("bindings", [])
+        binding = next((b for b in bindings if b.get("role") == OBJECT_USER), None)
+        if binding is None:
+            binding = {"role": OBJECT_USER, "members": []}
+            bindings.append(binding)
+        if member not in binding["members"]:
+            binding["members"].append(member)
+            granted = session.put(f"{base}/b/{name}/iam", json=body)
+            if not granted.ok:
+                raise PermanentBackendError(f"granting the nodes access to bucket {name}: {granted.status_code}")
+
+
 def filestore_name(cloud):
     """Filestore's full name: in the zone for basic, zonal and high scale tiers, in the region for regional
     and enterprise ones (https://cloud.google.com/filestore/docs/service-tiers)."""
