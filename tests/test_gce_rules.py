@@ -666,3 +666,15 @@ def test_a_bucket_name_another_project_holds_stops_the_create_saying_so(fake, al
     assert operation.status == "FAILED" and f"bucket {taken} exists, but the console's credentials cannot read it" in (
         operation.error
     )
+
+
+def test_a_gpu_pool_on_an_existing_vpc_is_refused_naming_the_fabric_it_needs(alice_api):
+    """An A3 Ultra pool on an existing VPC once got one gVNIC: no MRDMA NICs, no RoCE network."""
+    spec = gce_spec(nodes=2)
+    spec["console"]["network"] = {"create": False}
+    spec["console"]["storage"] = {}
+    spec["network"] = {"network": "projects/tcc-test/global/networks/team-vpc", "subnetwork": "team-subnet"}
+    response = alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "ultra", "spec": spec}, format="json")
+    assert response.status_code == 400
+    message = response.json()["spec"]["node_pools[1].machine_spec.machine_type"][0]
+    assert "an RDMA (RoCE) VPC with 8 subnets" in message and "console.network.create" in message

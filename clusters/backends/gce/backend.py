@@ -76,6 +76,15 @@ class GceBackend(Backend):
                 "name an existing file system for /home or have the console create one (console.storage."
                 "filestore_home), not both",
             )
+        if not net.get("create"):
+            for i, pool in enumerate(spec["node_pools"]):
+                needs = fabric.needs(pool)
+                if needs:
+                    yield (
+                        f"node_pools[{i}].machine_spec.machine_type",
+                        f"{pool['machine_spec']['machine_type']} needs its GPU fabric ({needs}), which the console "
+                        "makes only with the VPC it creates: set console.network.create",
+                    )
         for path, name in storage.named_paths(spec):
             if not storage.INSTANCE_NAME.match(name):
                 yield path, "must be a full instance name: projects/PROJECT/locations/LOCATION/instances/NAME"

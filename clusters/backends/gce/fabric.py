@@ -43,6 +43,16 @@ class Net:
     internal_firewall: str = field(default="")
 
 
+def needs(pool):
+    """In words, the extra networks the pool's machine type needs ("" for none)."""
+    layout = layout_of(pool)
+    if layout in GPU_NICS:
+        return f"{GPU_NICS[layout]} GPU VPCs for GPUDirect-{layout.upper()}, one NIC each"
+    if layout == "rdma":
+        return "a second gVNIC VPC and an RDMA (RoCE) VPC with 8 subnets for its 8 MRDMA NICs"
+    return ""
+
+
 def layout_of(pool):
     return LAYOUTS.get(pool["machine_spec"]["machine_type"], "")
 
