@@ -73,6 +73,10 @@ class FakeGoogleCloud:
             "lustre.googleapis.com", "servicenetworking.googleapis.com",
         }  # fmt: skip
         self.region_quotas = {}
+        # What creates meet: regional quotas {(region, metric): limit} enforced on every insert, and stockouts
+        # {(zone, machine type)}: those VMs cannot be made until the entry goes.
+        self.quotas = {}
+        self.stockouts = set()
         # Operations take time: a new one is PENDING, each GET moves it a step (RUNNING, then DONE), and
         # `wait` (a long poll on the real API) answers when it is DONE. 0: operations are DONE at once.
         self.operation_steps = 2
@@ -365,6 +369,8 @@ class FakeGoogleCloud:
             key = f"{collection_path}/{name}"
             if key in self.resources:
                 return 409, http_error(409, f"The resource '{key}' already exists", "alreadyExists")
+            if collection == "instances" and not error:
+                error = self._capacity_error(match["scope"], body, 1)
             if error:
                 return 200, self._operation(scope_url, self.endpoint + key, "insert", error)
             self.resources[key] = {
@@ -397,6 +403,37 @@ class FakeGoogleCloud:
             return 200, self._operation(scope_url, self.endpoint + key, "delete")
         return 405, http_error(405, "method not allowed")
 
+    def _capacity_error(self, scope, properties, count):
+        """A stockout set with `stockouts` ({(zone, machine type)}) or a regional quota of `quotas`
+        ({(region, metric): limit}) that `count` more VMs would exceed, as the operation's error (bulkInsert
+        checks quota and capacity up front: https://cloud.google.com/compute/docs/instances/multiple/about-bulk-creation)."""
+        from clusters.spec.catalog import machine_type_info
+
+        zone = scope.removeprefix("zones/")
+        machine = (properties.get("machineType") or "").rsplit("/", 1)[-1]
+        if (zone, machine) in self.stockouts:
+            why = f"The zone '{zone}' does not have enough resources available to fulfill the request."
+            return {"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": why}
+        region = zone.rsplit("-", 1)[0]
+        info = machine_type_info(machine)
+        if info is None:
+            return None
+        metric, each = quota_metric(info), info.accelerator_count or info.vcpus
+        limit = self.quotas.get((region, metric))
+        if limit is None:
+            return None
+        used = 0
+        for key, instance in self.instances().items():
+            found = machine_type_info((instance.get("machineType") or "").rsplit("/", 1)[-1])
+            if f"/zones/{region}-" in key and found and quota_metric(found) == metric:
+                used += found.accelerator_count or found.vcpus
+        if used + each * count > limit:
+            return {
+                "code": "QUOTA_EXCEEDED",
+                "message": f"Quota '{metric}' exceeded.  Limit: {float(limit)} in region {region}.",
+            }
+        return None
+
     def _refused(self, method, match, rest, body):
         """What the real API would refuse in this request (tests/fake_rules.py), as an HTTP error."""
         zone = match["scope"].removeprefix("zones/") if match["scope"].startswith("zones/") else ""
@@ -428,6 +465,8 @@ class FakeGoogleCloud:
             properties = (self.resources.get(template_key) or {}).get("properties", properties)
         created = 0
         limit = None
+        if not error:
+            error = self._capacity_error(scope_path.split("/", 5)[-1], properties, len(names))
         if error and error.get("code") == "PARTIAL":
             limit = int(error["message"])  # create only this many, then fail the rest as exhausted
             error = {
@@ -721,6 +760,16 @@ def filestore_location_refused(tier, location):
     if tier not in REGIONAL_FILESTORE_TIERS and not zonal:
         return f"{tier} instances are zonal: the location must be a zone, not region {location}."
     return ""
+
+
+def quota_metric(info):
+    """Compute Engine's regional quota metric a machine type counts against: its GPUs' (NVIDIA_H200_GPUS,
+    NVIDIA_H100_MEGA_GPUS) or its family's vCPUs (N2_CPUS; CPUS for N1 and E2)."""
+    if info.accelerator_type:
+        model = [p for p in info.accelerator_type.removeprefix("NVIDIA_").split("_") if not p.endswith("GB")]
+        return f"NVIDIA_{'_'.join(model)}_GPUS"
+    family = info.name.split("-")[0]
+    return "CPUS" if family in ("n1", "e2") else f"{family.upper()}_CPUS"
 
 
 def uses_network(resource, name):

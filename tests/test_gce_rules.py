@@ -678,3 +678,33 @@ def test_a_gpu_pool_on_an_existing_vpc_is_refused_naming_the_fabric_it_needs(ali
     assert response.status_code == 400
     message = response.json()["spec"]["node_pools[1].machine_spec.machine_type"][0]
     assert "an RDMA (RoCE) VPC with 8 subnets" in message and "console.network.create" in message
+
+
+def test_the_regions_quota_refuses_what_exceeds_it_and_the_operation_names_it(fake, alpha, alice, settings):
+    """Quotas set per test are enforced on every create, counting what the region already runs."""
+    fake.quotas[("us-central1", "NVIDIA_H200_GPUS")] = 24  # room for 3 A3 Ultra nodes of 8 GPUs
+    operation = create(alpha, alice, gce_spec(nodes=4))
+    operation = run_task(operation, settings, retries=3)
+    assert operation.status == "FAILED"
+    assert "quota NVIDIA_H200_GPUS exceeded in region us-central1: the limit is 24" in operation.error
+    assert not [k for k in fake.instances() if "-a3ultra-" in k]  # bulkInsert checks quota up front
+    Cluster.objects.all().delete()
+    fake.quotas[("us-central1", "NVIDIA_H200_GPUS")] = 32
+    built(alpha, alice, gce_spec(nodes=4), name="fits")
+
+
+def test_a_stockout_set_for_a_machine_type_holds_its_pool_until_it_clears(fake, alpha, alice):
+    from django.utils import timezone
+
+    from clusters.models import Operation
+    from clusters.work import CapacityError
+
+    fake.stockouts.add((ZONE, "a3-ultragpu-8g"))
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    with pytest.raises(CapacityError, match="ZONE_RESOURCE_POOL_EXHAUSTED"):
+        engine.run(operation.pk)
+    fake.stockouts.clear()
+    Operation.objects.filter(pk=operation.pk).update(not_before=timezone.now())
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == "SUCCEEDED", operation.error
