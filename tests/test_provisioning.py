@@ -105,6 +105,7 @@ def test_it_replays_the_services_create_example_on_the_compatible_paths(celery_w
     assert "error" not in body, body
     assert body["response"]["state"] == "RUNNING"
     assert body["response"]["node_pools"][1]["machine_spec"]["machine_type"] == "a3-ultragpu-8g"
+    assert body["response"]["console"] == {"backend": "local"}  # the example has no console block: it says where
     cluster = Cluster.objects.get(name="a3u")
     assert idle_nodes(cluster) == ["a3u-0", "a3u-1"]
 

@@ -118,9 +118,12 @@ def cluster_name(cluster):
 
 
 def cluster_resource(cluster):
+    """The service's cluster JSON, with the console's block naming the backend the cluster runs on (a spec
+    without one lands on the default backend: the answer says which)."""
     return {
         "name": cluster_name(cluster),
         **cluster.spec,
+        "console": {**(cluster.spec.get("console") or {}), "backend": cluster.backend},
         "state": STATES[cluster.status],
         "create_time": timestamp(cluster.created),
         "update_time": timestamp(cluster.updated),
