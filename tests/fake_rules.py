@@ -273,6 +273,39 @@ def metadata_fits_its_limits(request):
     return None
 
 
+MACHINE_TYPE_URL = re.compile(
+    r"(https://[^/]+/compute/v1/)?(projects/[^/]+/)?zones/(?P<zone>[^/]+)/machineTypes/[a-z0-9-]+\Z"
+)
+
+
+@rule("https://cloud.google.com/compute/docs/reference/rest/v1/instances/insert", ("insert", "instances"))
+def machine_type_is_a_url_in_the_instances_zone(request):
+    """An instance names its machine type by (partial) URL in its own zone; a template names it alone."""
+    value = request.body.get("machineType", "")
+    match = MACHINE_TYPE_URL.match(value)
+    if not match:
+        return refuse(request, "resource.machineType", value, "The URL is malformed.")
+    if match["zone"] != request.zone:
+        return refuse(request, "resource.machineType", value, f"Machine type must be in zone {request.zone}.")
+    return None
+
+
+LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}\Z")
+LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}\Z")
+
+
+@rule("https://cloud.google.com/compute/docs/labeling-resources#requirements", *INSTANCE_REQUESTS)
+def labels_are_lowercase_and_short(request):
+    labels = request.properties.get("labels") or {}
+    if len(labels) > 64:
+        return refuse(request, f"{request.at}.labels", len(labels), "At most 64 labels.")
+    for key, value in labels.items():
+        if not LABEL_KEY.match(key) or not LABEL_VALUE.match(str(value)):
+            why = "Label keys and values are lowercase letters, digits, - and _, up to 63 characters."
+            return refuse(request, f"{request.at}.labels.{key}", value, why)
+    return None
+
+
 @rule("https://cloud.google.com/compute/docs/instances/multiple/about-bulk-creation#limitations",
       ("bulkInsert", "instances"))  # fmt: skip
 def bulk_insert_stays_within_its_count(request):

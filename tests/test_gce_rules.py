@@ -207,6 +207,14 @@ CASES = [
          if client(f, compute_v1.FirewallsClient).delete_unary(project=PROJECT, firewall="busy-fw") else None,
          "The network resource 'projects/tcc-test/global/networks/busy' is already being used by "
          "'projects/tcc-test/global/firewalls/busy-fw'", reason="resourceInUseByAnotherResource"),
+    Case("machine_type_is_a_url_in_the_instances_zone",
+         lambda f: insert_instance(f, {**instance(), "machine_type": "n2-standard-4"}),
+         lambda f: insert_instance(f, instance()),
+         "Invalid value for field 'resource.machineType': 'n2-standard-4'. The URL is malformed."),
+    Case("labels_are_lowercase_and_short",
+         lambda f: insert_instance(f, {**instance(), "labels": {"Team": "dana"}}),
+         lambda f: insert_instance(f, {**instance(), "labels": {"team": "dana"}}),
+         "Label keys and values are lowercase letters"),
     Case("an_image_comes_from_a_disk_no_running_vm_uses", lambda f: image_from(f, stop_first=False),
          lambda f: image_from(f, stop_first=True),
          "The disk resource 'projects/tcc-test/zones/us-central1-b/disks/vm-1' is already being used by "
