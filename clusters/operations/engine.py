@@ -161,8 +161,9 @@ def wait_for_capacity(operation, ctx, exc):
         f"Waiting for capacity (since {since:%H:%M} UTC, next try {retry_at:%H:%M}, "
         f"gives up {gives_up:%Y-%m-%d %H:%M} UTC): {exc}"
     )
+    first = operation.waiting_since is None
     operation.wait_for_capacity(message, attempt=ctx.attempt, since=since, retry_at=retry_at)
-    if operation.waiting_since is None:
+    if first:
         record_event(ctx.cluster, message, level=EventLevel.WARNING, operation=operation)
     return True
 

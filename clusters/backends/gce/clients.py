@@ -8,6 +8,15 @@ from django.conf import settings
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
 
 
+# The APIs called over plain REST (AuthorizedSession): each one's endpoint setting and Google's address.
+REST_APIS = {
+    "servicenetworking": ("GCE_SERVICE_NETWORKING_ENDPOINT", "https://servicenetworking.googleapis.com"),
+    "resourcemanager": ("GCE_RESOURCE_MANAGER_ENDPOINT", "https://cloudresourcemanager.googleapis.com"),
+    "storage": ("GCE_STORAGE_ENDPOINT", "https://storage.googleapis.com"),
+    "serviceusage": ("GCE_SERVICE_USAGE_ENDPOINT", "https://serviceusage.googleapis.com"),
+}
+
+
 class Clients:
     """google-cloud clients sharing one endpoint and one set of credentials."""
 
@@ -69,6 +78,12 @@ class Clients:
         client = self.make(classes[name], self.endpoints.get(name, ""))
         setattr(self, name, client)
         return client
+
+    def rest_url(self, api):
+        """Where a REST-only API answers: its own setting, else the one endpoint every client uses (the
+        tests' fake), else Google's."""
+        setting, google = REST_APIS[api]
+        return getattr(settings, setting) or self.endpoint or google
 
     def session(self):
         from google.auth.transport.requests import AuthorizedSession

@@ -20,7 +20,7 @@ from django.utils import timezone
 from ...work import PermanentBackendError
 from .cloud import wait_operation
 from .errors import map_api_error
-from .instances import startup_outcome
+from .instances import serial_outcome
 
 BAKE = Path(__file__).resolve().parent / "bake.sh"
 # Base images: Debian 12 for CPU nodes; for GPU nodes Ubuntu's accelerator image, which carries the
@@ -123,17 +123,9 @@ def bake_script(*, gpu, family, stamp):
 def until_started(clients, project, zone, name):
     """The builder's verdict from its serial console: "done", "FAILED: ...", or why it is neither."""
     deadline = time.monotonic() + settings.GCE_STARTUP_TIMEOUT
-    reader = _Reader(clients, project, zone)
     while time.monotonic() < deadline:
-        outcome = startup_outcome(reader, name)
+        outcome = serial_outcome(clients, project, zone, name)
         if outcome == "done" or outcome.startswith("FAILED"):
             return outcome
         time.sleep(settings.GCE_POLL_INTERVAL)
     return f"not finished after {settings.GCE_STARTUP_TIMEOUT:.0f} s"
-
-
-class _Reader:
-    """What startup_outcome() reads from a cluster's Cloud: the instances client, project and zone."""
-
-    def __init__(self, clients, project, zone):
-        self.c, self.project, self.zone = clients, project, zone

@@ -11,7 +11,7 @@ from ...spec.catalog import machine_type_info
 from ...work import PermanentBackendError, TransientBackendError, heartbeat
 from . import fabric, slurm_conf
 from .errors import map_api_error
-from .names import OWNER_LABEL, is_gpu_pool
+from .names import OWNER_LABEL, is_gpu_pool, owner_and_name
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
@@ -95,9 +95,7 @@ def reservation_names(cloud, values):
     projects/P/zones/Z/reservations/N (https://cloud.google.com/compute/docs/instances/reservations-consume)."""
     names = []
     for value in values:
-        parts = value.strip("/").split("/")
-        name = parts[-1]
-        owner = parts[1] if len(parts) >= 4 and parts[0] == "projects" else cloud.project
+        owner, name = owner_and_name(value, cloud.project)
         names.append(name if owner == cloud.project else f"projects/{owner}/reservations/{name}")
     return names
 
@@ -121,11 +119,7 @@ def reservation_affinity(cloud, pool):
 def reservation_policies(cloud, affinity):
     """The placement policies of the specific reservation the pool consumes: VMs consuming it carry
     these and no other (https://cloud.google.com/compute/docs/instances/placement-policies-overview)."""
-    name = affinity.values[0]
-    if name.startswith("projects/"):
-        project, name = name.split("/")[1], name.rsplit("/", 1)[-1]
-    else:
-        project = cloud.project
+    project, name = owner_and_name(affinity.values[0], cloud.project)
     reservation = cloud.get(lambda: cloud.c.reservations.get(project=project, zone=cloud.zone, reservation=name))
     return list((reservation.resource_policies or {}).values()) if reservation else []
 
@@ -428,15 +422,18 @@ STARTUP_MARK = "tcc-startup: "  # startup.sh's own lines on the serial console: 
 
 
 def startup_outcome(cloud, name):
-    """The last tcc-startup line on the instance's serial console ("done", "FAILED: ..."), or ""."""
+    """The last tcc-startup line on the cluster instance's serial console ("done", "FAILED: ..."), or ""."""
+    return serial_outcome(cloud.c, cloud.project, cloud.zone, name)
+
+
+def serial_outcome(clients, project, zone, name):
+    """The last tcc-startup line on an instance's serial console ("done", "FAILED: ..."), or ""."""
     from google.api_core import exceptions
     from google.cloud import compute_v1
 
-    request = compute_v1.GetSerialPortOutputInstanceRequest(
-        project=cloud.project, zone=cloud.zone, instance=name, port=1
-    )
+    request = compute_v1.GetSerialPortOutputInstanceRequest(project=project, zone=zone, instance=name, port=1)
     try:
-        output = cloud.c.instances.get_serial_port_output(request=request)
+        output = clients.instances.get_serial_port_output(request=request)
     except exceptions.NotFound:
         return ""
     except exceptions.GoogleAPICallError as exc:

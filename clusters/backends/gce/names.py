@@ -114,6 +114,15 @@ def is_gpu_pool(pool):
     return gpu_count(pool) > 0
 
 
+def owner_and_name(path, project):
+    """(project, name) of a resource named by path (`projects/P/.../NAME`), or (`project`, path) for a bare
+    name, which is `project`'s own."""
+    parts = path.strip("/").split("/")
+    if len(parts) >= 2 and parts[0] == "projects":
+        return parts[1], parts[-1]
+    return project, parts[-1]
+
+
 def rdma_profile(project, zone):
     """The zone's RoCE network profile, which RDMA VPCs are created from
     (https://cloud.google.com/vpc/docs/rdma-network-profiles)."""

@@ -8,6 +8,7 @@ from django.conf import settings
 from ...work import PermanentBackendError, TransientBackendError, heartbeat
 from .cloud import wait_operation
 from .errors import map_api_error
+from .names import owner_and_name
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
@@ -58,10 +59,9 @@ def create_console_peering(cloud):
     from google.api_core import exceptions
     from google.cloud import compute_v1
 
-    console = settings.GCE_CONSOLE_NETWORK.strip("/")
-    console_project, console_name = console.split("/")[1], console.rsplit("/", 1)[-1]
+    console_project, console_name = owner_and_name(settings.GCE_CONSOLE_NETWORK, cloud.project)
     sides = (
-        (cloud.project, cloud.network_name, console),
+        (cloud.project, cloud.network_name, settings.GCE_CONSOLE_NETWORK.strip("/")),
         (console_project, console_name, cloud.network_url),
     )
     for project, network, peer in sides:
@@ -91,8 +91,7 @@ def delete_console_peering(cloud):
 
     if not settings.GCE_CONSOLE_NETWORK or not cloud.network_block.get("create"):
         return
-    console = settings.GCE_CONSOLE_NETWORK.strip("/")
-    project, name = console.split("/")[1], console.rsplit("/", 1)[-1]
+    project, name = owner_and_name(settings.GCE_CONSOLE_NETWORK, cloud.project)
     found = cloud.get(lambda: cloud.c.networks.get(project=project, network=name))
     if found is None or not any(p.name == cloud.n.console_peering for p in found.peerings):
         return
@@ -215,7 +214,7 @@ def create_private_services_access(cloud):
             ),
         ),
     )
-    session, url = cloud.c.session(), networking_url(cloud)
+    session, url = cloud.c.session(), cloud.c.rest_url("servicenetworking")
     network = consumer_network(cloud)
     existing = session.get(f"{url}/v1/{CONNECTIONS}", params={"network": network})
     if existing.ok and existing.json().get("connections"):
@@ -235,14 +234,10 @@ def create_private_services_access(cloud):
 CONNECTIONS = "services/servicenetworking.googleapis.com/connections"
 
 
-def networking_url(cloud):
-    return settings.GCE_SERVICE_NETWORKING_ENDPOINT or cloud.c.endpoint or "https://servicenetworking.googleapis.com"
-
-
 def consumer_network(cloud):
     """The cluster's VPC as Service Networking names it: `projects/{project NUMBER}/global/networks/N`
     (the connections API takes the number, not the id), in the project the network lives in."""
-    project = cloud.network_url.split("/")[1]
+    project, _name = owner_and_name(cloud.network_url, cloud.project)
     return f"projects/{project_number(cloud, project)}/global/networks/{cloud.network_name}"
 
 
@@ -251,7 +246,7 @@ def project_number(cloud, project):
     known = (cloud.cluster.backend_state or {}).get("project_numbers") or {}
     if project in known:
         return known[project]
-    url = settings.GCE_RESOURCE_MANAGER_ENDPOINT or cloud.c.endpoint or "https://cloudresourcemanager.googleapis.com"
+    url = cloud.c.rest_url("resourcemanager")
     answer = cloud.c.session().get(f"{url}/v3/projects/{project}")
     if answer.status_code in (403, 404):
         raise PermanentBackendError(
@@ -268,7 +263,7 @@ def project_number(cloud, project):
 def await_networking(cloud, operation, what):
     """Poll a Service Networking long-running operation (`operations/...`) until done; raise its error."""
     deadline = time.monotonic() + settings.GCE_OPERATION_TIMEOUT
-    session, url = cloud.c.session(), networking_url(cloud)
+    session, url = cloud.c.session(), cloud.c.rest_url("servicenetworking")
     while not operation.get("done"):
         if time.monotonic() > deadline:
             raise TransientBackendError(f"{what}: still running after {settings.GCE_OPERATION_TIMEOUT:.0f} s")
@@ -297,7 +292,7 @@ def delete_private_services_access(cloud):
         # The peering belongs to the network this cluster created; on a shared VPC it is left alone. Service
         # Networking refuses while a producer (Filestore, Lustre) still uses it: storage goes first.
         response = cloud.c.session().post(
-            f"{networking_url(cloud)}/v1/{CONNECTIONS}/servicenetworking-googleapis-com:deleteConnection",
+            f"{cloud.c.rest_url('servicenetworking')}/v1/{CONNECTIONS}/servicenetworking-googleapis-com:deleteConnection",
             json={"consumerNetwork": consumer_network(cloud)},
         )
         if response.ok:

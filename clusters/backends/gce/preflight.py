@@ -13,6 +13,7 @@ from django.conf import settings
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from ..base import Finding
+from .names import gpu_count
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
@@ -40,7 +41,7 @@ def needed_apis(spec):
 
 
 def check_apis(clients, gcp_project, spec):
-    url = settings.GCE_SERVICE_USAGE_ENDPOINT or clients.endpoint or "https://serviceusage.googleapis.com"
+    url = clients.rest_url("serviceusage")
     enabled, token = set(), None
     session = clients.session()
     while True:
@@ -88,7 +89,7 @@ def wanted_by_region(spec):
         info = machine_type_info(machine["machine_type"])
         need = wanted.setdefault(region, {})
         accelerator = machine.get("accelerator_type") or (info.accelerator_type if info else "")
-        count = int(machine.get("accelerator_count") or (info.accelerator_count if info else 0) or 0)
+        count = gpu_count(pool)
         if accelerator and count:
             key = ("GPUS", accelerator, pool.get("provisioning_model") == "SPOT")
             need[key] = need.get(key, 0) + nodes * count

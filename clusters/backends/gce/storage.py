@@ -147,10 +147,6 @@ def existing_mounts(cloud, pool):
     return [f"{known[n]} {mount_point(cloud.spec, n)}" for n in dict.fromkeys(names)]
 
 
-def storage_url(cloud):
-    return settings.GCE_STORAGE_ENDPOINT or cloud.c.endpoint or "https://storage.googleapis.com"
-
-
 OBJECT_USER = "roles/storage.objectUser"
 
 
@@ -161,7 +157,7 @@ def ensure_buckets(cloud):
     https://cloud.google.com/storage/docs/creating-buckets, https://cloud.google.com/storage/docs/uniform-bucket-level-access"""
     from .keys import node_member
 
-    session, base = cloud.c.session(), f"{storage_url(cloud)}/storage/v1"
+    session, base = cloud.c.session(), f"{cloud.c.rest_url('storage')}/storage/v1"
     member = node_member(cloud)
     for bucket in cloud.storage.get("gcs_buckets", []):
         name = bucket["bucket"]
