@@ -61,6 +61,7 @@ class MachineType:
     accelerator_count: int = 0
     hyperdisk_only: bool = False  # boots from Hyperdisk only
     reservation_bound: bool = False  # reserved as RESERVATION_BOUND VMs
+    fabric: str = ""  # the GPU network beside the system NIC: tcpx, tcpxo or rdma
 
 
 @cache

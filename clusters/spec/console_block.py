@@ -21,13 +21,15 @@ import re
 from functools import cache
 from pathlib import Path
 
+from .catalog import machine_type_info
+
 CONSOLE = {"backend", "network", "storage"}
 NETWORK = {"create", "mtu", "subnet_range", "private_services_range", "cloud_nat"}
 STORAGE = {"filestore_home", "lustre", "gcs_buckets"}
 MTUS = (1460, 1500, 8896)
 # GPUDirect-TCPX(O)'s receive-datapath manager (A3 High / Edge 8-GPU, A3 Mega) runs in Docker, whose
 # bridges take 172.16.0.0/12 (Docker's default address pools): the node's own subnets must stay out of it.
-DOCKER_MACHINE_TYPES = ("a3-highgpu-8g", "a3-edgegpu-8g", "a3-megagpu-8g")
+DOCKER_FABRICS = ("tcpx", "tcpxo")  # machine_types.json `fabric`
 DOCKER_BRIDGES = ipaddress.ip_network("172.16.0.0/12")
 BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]\Z")
 MOUNT_POINT = re.compile(r"/[A-Za-z0-9._/-]*\Z")
@@ -111,10 +113,11 @@ def validate_network_block(errors, network, spec, expect_int):
     if subnet is not None and psa is not None and subnet.overlaps(psa):
         errors.add("console.network.private_services_range", f"overlaps the subnet range {subnet}")
     docker = [
-        p["machine_spec"]["machine_type"]
+        info.name
         for p in spec.get("node_pools") or []
         if isinstance(p, dict) and isinstance(p.get("machine_spec"), dict)
-        and p["machine_spec"].get("machine_type") in DOCKER_MACHINE_TYPES
+        and isinstance(p["machine_spec"].get("machine_type"), str)
+        and (info := machine_type_info(p["machine_spec"]["machine_type"])) and info.fabric in DOCKER_FABRICS
     ]  # fmt: skip
     if subnet is not None and docker and subnet.overlaps(DOCKER_BRIDGES):
         errors.add("console.network.subnet_range", f"{docker[0]} nodes run Docker, whose bridges use "

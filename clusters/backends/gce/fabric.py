@@ -16,6 +16,7 @@ Source: Cluster Toolkit's examples/machine-learning/a3-highgpu-8g, a3-megagpu-8g
 
 from dataclasses import dataclass, field
 
+from ...spec.catalog import machine_type_info
 from .names import rdma_profile
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
@@ -23,13 +24,6 @@ from .names import rdma_profile
 
 TCPXO_MTU = 8244
 RDMA_MTU = 8896
-LAYOUTS = {
-    "a3-highgpu-8g": "tcpx",
-    "a3-edgegpu-8g": "tcpx",
-    "a3-megagpu-8g": "tcpxo",
-    "a3-ultragpu-8g": "rdma",
-    "a4-highgpu-8g": "rdma",
-}
 GPU_NICS = {"tcpx": 4, "tcpxo": 8}  # GPUDirect-TCPX(O): one GPU NIC per VPC
 
 
@@ -54,7 +48,9 @@ def needs(pool):
 
 
 def layout_of(pool):
-    return LAYOUTS.get(pool["machine_spec"]["machine_type"], "")
+    """The machine type's GPU fabric (clusters/data/machine_types.json `fabric`), "" for none."""
+    info = machine_type_info(pool["machine_spec"]["machine_type"])
+    return info.fabric if info else ""
 
 
 def nets(cloud, layout):
