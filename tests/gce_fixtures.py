@@ -4,6 +4,7 @@ A3 Ultra spec they build, and helpers that create a cluster and read what the fa
 from clusters import services
 from clusters.backends.gce.names import names
 from clusters.choices import OperationStatus
+from clusters.models import Cluster
 from clusters.operations import engine
 from clusters.spec.reference import build_spec
 
@@ -31,6 +32,14 @@ def built(alpha, alice, spec, name="ultra"):
     operation.refresh_from_db()
     assert operation.status == OperationStatus.SUCCEEDED, operation.error
     return names("alpha", name).prefix
+
+
+def run(operation):
+    """Run an operation to success; returns its cluster as it is now."""
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    return Cluster.objects.get(pk=operation.cluster_id)
 
 
 def template_of(fake, prefix, pool="a3ultra"):

@@ -23,6 +23,7 @@ from clusters.slurm.rest import SlurmEndpoint, SlurmRest
 
 from .conftest import api_client_for, gce_spec, module_cluster, wait_until
 from .factories import exchange, leaks
+from .gce_fixtures import run
 
 pytestmark = pytest.mark.django_db
 
@@ -42,13 +43,6 @@ def fake(booted_cloud):
 
 def backend():
     return get_backend("gce")
-
-
-def run(operation):
-    engine.run(operation.pk)
-    operation.refresh_from_db()
-    assert operation.status == OperationStatus.SUCCEEDED, operation.error
-    return Cluster.objects.get(pk=operation.cluster_id)
 
 
 def keys_of(fake, cluster):

@@ -18,11 +18,11 @@ import pytest
 
 from clusters import services
 from clusters.backends.gce.names import names
-from clusters.choices import ClusterStatus, OperationStatus
+from clusters.choices import ClusterStatus
 from clusters.models import Cluster
-from clusters.operations import engine
 
 from ..conftest import gce_spec
+from ..gce_fixtures import run
 
 PROJECT = os.environ.get("TCC_GCE_LIVE_PROJECT", "")
 ZONE = os.environ.get("TCC_GCE_LIVE_ZONE", "us-central1-a")
@@ -67,13 +67,6 @@ def live_spec():
     spec["console"]["network"].pop("private_services_range", None)
     spec["console"]["network"]["cloud_nat"] = os.environ.get("TCC_GCE_LIVE_NAT") == "1"
     return spec
-
-
-def run(operation):
-    engine.run(operation.pk)
-    operation.refresh_from_db()
-    assert operation.status == OperationStatus.SUCCEEDED, operation.error
-    return Cluster.objects.get(pk=operation.cluster_id)
 
 
 def test_a_cluster_is_made_used_and_deleted_leaving_nothing(live, alice):
