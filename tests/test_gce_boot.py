@@ -7,8 +7,10 @@ tests/test_health.py, test_recipes.py, test_slurm_rest.py.) Persona: gail runs "
 
 import base64
 import json
+import os
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +23,7 @@ from clusters.models import Cluster, Operation
 from clusters.operations import engine
 from clusters.slurm.rest import SlurmEndpoint, SlurmRest
 
-from .conftest import api_client_for, gce_spec, module_cluster, wait_until
+from .conftest import api_client_for, gce_spec, module_cluster, submit_through_slurmrestd, wait_until
 from .factories import exchange, leaks
 from .gce_fixtures import run
 
@@ -96,6 +98,35 @@ def test_no_key_reaches_a_page_an_answer_or_a_log_line(cluster, fake, client, ca
     texts.append(str(cluster.backend_state) + str(list(Operation.objects.values())) + caplog.text)
     texts += [json.dumps(instance) for instance in fake.instances().values()]  # metadata included
     assert leaks(texts, secrets) == set()
+
+
+def test_a_job_gets_no_token_from_its_nodes_metadata_server(cluster, fake, tmp_path):
+    """The attack: gail's job asks its node's metadata server for the node's service-account token (with
+    it, Secret Manager hands out the cluster's munge and JWT keys: root on the cluster). Before, the job got
+    the token (HTTP 200); every node now refuses the metadata server to all uids but root, from before
+    slurmd starts, while root (the startup script, reading the keys) still gets it."""
+    import subprocess
+    import uuid
+
+    token = f"http://{fake.metadata_host}/computeMetadata/v1/instance/service-accounts/default/token"
+    out = f"/tmp/tcc-metadata-{uuid.uuid4().hex[:8]}"  # /tmp is this machine's in the fake's VMs
+    script = (f"#!/bin/bash\ncode=$(curl -s -m 5 -o /dev/null -w '%{{http_code}}' -H Metadata-Flavor:Google {token})\n"
+              f"echo \"$code $(id -un)\" > {out}.new && mv {out}.new {out}\n")  # fmt: skip
+    owner = cluster.project.members.get()
+    url = "/v1beta1/projects/glab/locations/us-central1/modelDevelopmentClusters/train:callSlurmRestApi"
+    submit_through_slurmrestd(api_client_for(owner), url, script, name="steal-token", nodes=1, tasks=1,
+                              current_working_directory="/tmp")  # fmt: skip
+    try:
+        wait_until(lambda: os.path.exists(out), timeout=60, message="the job's answer")
+        code, user = Path(out).read_text().split()
+    finally:
+        if os.path.exists(out):
+            os.unlink(out)
+    assert user != "root" and code == "000"  # refused before any HTTP answer
+    worker = fake.vpc.vms[names("glab", "train").instance("cpu-0")]
+    as_root = subprocess.run(["ip", "netns", "exec", worker.netns, "curl", "-sf", "-m", "5", "-H",
+                              "Metadata-Flavor: Google", token], capture_output=True, text=True)  # fmt: skip
+    assert "access_token" in as_root.stdout
 
 
 def test_a_resize_boots_vms_that_join_configless_and_a_shrink_deletes_them(cluster, fake):

@@ -17,7 +17,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq || fail "apt-get update"
 apt-get install -y -qq --no-install-recommends \
   munge slurm-client slurmctld slurmd slurmrestd slurm-wlm-jwt-plugin \
-  nfs-common curl ca-certificates gnupg lsb-release python3 python3-venv python3-numpy >/dev/null \
+  nfs-common curl iptables ca-certificates gnupg lsb-release python3 python3-venv python3-numpy >/dev/null \
   || fail "installing Slurm, munge and the NFS client"
 
 # Cloud Storage FUSE from Google's apt repository (https://cloud.google.com/storage/docs/cloud-storage-fuse/install).

@@ -40,6 +40,28 @@ fail() { echo "tcc-startup: FAILED: $*" >&2; exit 1; }  # the console shows this
 META="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1"
 meta() { curl -sf -H Metadata-Flavor:Google "$META/$1"; }
 mkdir -p /run/tcc && chmod 0700 /run/tcc
+
+# -- the metadata server is root's alone, before anything that runs users' work starts (below) --------
+# It hands out the node's service-account token, with which a job could read the cluster's keys (munge,
+# JWT) from Secret Manager and its buckets. Every uid but root is refused it (an owner match in OUTPUT;
+# FORWARD for containers on a bridge); this script, run as root, still reads the keys. OS Login's NSS
+# module then answers users from its cache (refreshed by root), not from the metadata server.
+close_metadata() {
+  local address=169.254.169.254 port=()
+  if [ -n "${GCE_METADATA_HOST:-}" ]; then  # the tests' fake: an address and a port of its own
+    address=${GCE_METADATA_HOST%:*}
+    [ "$address" = "$GCE_METADATA_HOST" ] || port=(-p tcp --dport "${GCE_METADATA_HOST##*:}")
+  fi
+  command -v iptables >/dev/null || fail "the image has no iptables: the metadata server cannot be closed to users' jobs"
+  local own=(OUTPUT -d "$address" "${port[@]}" -m owner ! --uid-owner 0 -j REJECT)
+  iptables -C "${own[@]}" 2>/dev/null || iptables -I "${own[@]}" || fail "closing the metadata server to every uid but root"
+  local forwarded=(FORWARD -d "$address" "${port[@]}" -j REJECT)
+  iptables -C "${forwarded[@]}" 2>/dev/null || iptables -I "${forwarded[@]}" || fail "closing the metadata server to containers"
+  if [ -z "${GCE_METADATA_HOST:-}" ] && command -v ip6tables >/dev/null; then  # its IPv6 address, on IPv6 VMs
+    own=(OUTPUT -d fd20:ce::254 -m owner ! --uid-owner 0 -j REJECT)
+    ip6tables -C "${own[@]}" 2>/dev/null || ip6tables -I "${own[@]}" || true
+  fi
+}
 # The watcher below runs this script again with `watch-conf`; the runner's copy may be gone by then.
 [ "$0" = /run/tcc/startup.sh ] || cp "$0" /run/tcc/startup.sh
 
@@ -161,7 +183,7 @@ PROJECT=$(meta project/project-id) || fail "reading the project id from the meta
 NODE=${NAME#"$CLUSTER"-}
 
 # -- packages the image lacks (none on an image baked by `manage.py gce_image build`) ---------------
-packages=(munge slurm-client curl python3)
+packages=(munge slurm-client curl python3 iptables)
 case "$ROLE" in
   controller) packages+=(slurmctld slurmrestd slurm-wlm-jwt-plugin) ;;
   compute) packages+=(slurmd) ;;
@@ -193,6 +215,8 @@ if [ "$ROLE" = compute ] && [ "$GPUS" -gt 0 ]; then
   found=$(nvidia-smi --list-gpus | wc -l)
   [ "$found" -eq "$GPUS" ] || fail "nvidia-smi lists $found GPUs, the machine type has $GPUS"
 fi
+
+close_metadata  # before munged and slurmd: no job runs here until it is closed
 
 if systemd_booted; then  # Debian's own units start with its defaults; ours (below) run instead
   systemctl disable --now slurmctld slurmd slurmrestd 2>/dev/null || true
