@@ -366,6 +366,7 @@ GCE_SECRET_MANAGER_ENDPOINT = env("GCE_SECRET_MANAGER_ENDPOINT")
 GCE_SERVICE_USAGE_ENDPOINT = env("GCE_SERVICE_USAGE_ENDPOINT")
 GCE_RESOURCE_MANAGER_ENDPOINT = env("GCE_RESOURCE_MANAGER_ENDPOINT")
 GCE_STORAGE_ENDPOINT = env("GCE_STORAGE_ENDPOINT")
+GCE_IAM_ENDPOINT = env("GCE_IAM_ENDPOINT")
 # Anonymous credentials, for a fake API only (the tests'); never against Google.
 GCE_ANONYMOUS = envbool("GCE_ANONYMOUS")
 GCE_CREDENTIALS_DIR = env("GCE_CREDENTIALS_DIR")
@@ -377,9 +378,18 @@ GCE_IMAGE = env("GCE_IMAGE", "projects/debian-cloud/global/images/family/debian-
 # GPU compute pools boot this image (NVIDIA driver and DCGM installed; the startup script fails on a
 # GPU node without nvidia-smi, and the failing line shows on the cluster's timeline); empty: GCE_IMAGE.
 GCE_GPU_IMAGE = env("GCE_GPU_IMAGE")
-# VMs run as runtime_spec.service_account when the spec names one, else as this ("default": the
-# project's Compute Engine default service account), with the cloud-platform scope.
-GCE_SERVICE_ACCOUNT = env("GCE_SERVICE_ACCOUNT", "default")
+# VMs run as runtime_spec.service_account when the spec names one, else as this: "cluster", an account
+# the console makes for each cluster and grants only what its nodes need (clusters/backends/gce/identity.py);
+# an email; or "default", the project's Compute Engine default account (shared by every cluster: one
+# cluster's nodes could then read another's keys). The cloud-platform scope either way, IAM deciding.
+GCE_SERVICE_ACCOUNT = env("GCE_SERVICE_ACCOUNT", "cluster")
+# Project-level roles a cluster's own account gets (these exist only at the project level); empty: none.
+GCE_NODE_PROJECT_ROLES = [
+    r for r in env("GCE_NODE_PROJECT_ROLES", "roles/logging.logWriter,roles/monitoring.metricWriter").split(",") if r
+]
+# A new service account may not be seen for a minute or more (IAM is eventually consistent): its first
+# uses are retried this long.
+GCE_IAM_PROPAGATION_TIMEOUT = envfloat("GCE_IAM_PROPAGATION_TIMEOUT", 180)
 # Flex-start VMs get this max run duration (Compute Engine allows up to 7 days for them).
 GCE_FLEX_START_MAX_RUN_HOURS = envfloat("GCE_FLEX_START_MAX_RUN_HOURS", 168)
 GCE_CONTROLLER_MACHINE_TYPE = env("GCE_CONTROLLER_MACHINE_TYPE", "n2-standard-8")

@@ -46,6 +46,11 @@ LOCATIONS = re.compile(
 SECRETS = re.compile(
     r"^/sm/v1/projects/(?P<project>[^/]+)/secrets(?:/(?P<secret>[^/:]+))?(?:/versions(?:/(?P<version>[^/:]+))?)?(?::(?P<verb>\w+))?$"
 )
+SERVICE_ACCOUNTS = re.compile(r"^/v1/projects/(?P<project>[^/]+)/serviceAccounts(?:/(?P<email>[^/:]+))?$")
+PROJECT_POLICY = re.compile(r"^/v3/projects/(?P<project>[^/:]+):(?P<verb>getIamPolicy|setIamPolicy)$")
+# https://cloud.google.com/iam/docs/reference/rest/v1/projects.serviceAccounts/create: accountId "must be
+# 6-30 characters long, and match the regular expression [a-z]([-a-z0-9]*[a-z0-9])".
+ACCOUNT_ID = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])\Z")
 SERIAL_DONE = "google_metadata_script_runner[812]: startup-script: tcc-startup: done\n"
 INSTANCE_TYPES = {"file": "google.cloud.filestore.v1.Instance", "lustre": "google.cloud.lustre.v1.Instance"}
 FILTER = re.compile(r'labels\.(?P<key>[\w-]+)\s*=\s*"?(?P<value>[^"\s)]+)"?')
@@ -62,7 +67,10 @@ class FakeGoogleCloud:
         self.resources = {}  # path without query -> resource JSON
         self.operations = {}
         self.secret_versions = {}  # secret name -> [payload, ...]
-        self.iam = {}  # secret name -> IAM policy ({"bindings": [{"role", "members"}]})
+        self.iam = {}  # secret name, gcs:BUCKET or project:P -> IAM policy ({"bindings": [{"role", "members"}]})
+        # IAM is eventually consistent: a new service account is seen (read back, named in a policy or by
+        # a VM) only this many seconds after it was made.
+        self.iam_propagation_seconds = 0.0
         self.calls = Counter()
         self.injections = []
         self.lock = threading.Lock()
@@ -70,7 +78,7 @@ class FakeGoogleCloud:
         # Preflight's view: Service Usage's enabled APIs, and each region's quotas (metric, limit, usage).
         self.enabled_services = {
             "compute.googleapis.com", "secretmanager.googleapis.com", "file.googleapis.com",
-            "lustre.googleapis.com", "servicenetworking.googleapis.com",
+            "lustre.googleapis.com", "servicenetworking.googleapis.com", "iam.googleapis.com",
         }  # fmt: skip
         self.region_quotas = {}
         # What creates meet: regional quotas {(region, metric): limit} enforced on every insert, and stockouts
@@ -134,6 +142,7 @@ class FakeGoogleCloud:
             "GCE_SERVICE_NETWORKING_ENDPOINT": self.endpoint,
             "GCE_RESOURCE_MANAGER_ENDPOINT": self.endpoint,
             "GCE_STORAGE_ENDPOINT": self.endpoint,
+            "GCE_IAM_ENDPOINT": self.endpoint,
             "GCE_SECRET_MANAGER_ENDPOINT": f"{self.endpoint}/sm",
             "GCE_ANONYMOUS": True,
             # Booted VMs are polled through their slurmrestd: not a hundred times a second.
@@ -239,6 +248,10 @@ class FakeGoogleCloud:
             return 200, op
         if path.startswith("/storage/v1/b"):
             return self._buckets(method, path, query, body)
+        if SERVICE_ACCOUNTS.match(path):
+            return self._service_accounts(method, SERVICE_ACCOUNTS.match(path), body)
+        if PROJECT_POLICY.match(path) and method == "POST":
+            return self._project_policy(PROJECT_POLICY.match(path), body)
         if path.startswith("/v3/projects/") and method == "GET":  # Resource Manager: the project's number
             project = path.removeprefix("/v3/projects/")
             return 200, {"name": f"projects/{project_number(project)}", "projectId": project, "state": "ACTIVE"}
@@ -438,7 +451,7 @@ class FakeGoogleCloud:
         """What the real API would refuse in this request (tests/fake_rules.py), as an HTTP error."""
         zone = match["scope"].removeprefix("zones/") if match["scope"].startswith("zones/") else ""
         request = fake_rules.Request(verb="", collection=rest[0], body=body, project=match["project"], zone=zone,
-                                     resources=self.resources)  # fmt: skip
+                                     resources=self.resources, account_seen=self.service_account_seen)  # fmt: skip
         if method == "POST" and len(rest) == 1:
             request.verb = "insert"
             if rest[0] == "instances":
@@ -580,9 +593,79 @@ class FakeGoogleCloud:
                                    "forbidden")  # fmt: skip
         if parts[1:] == ["iam"]:
             if method == "PUT":
+                unseen = self.unseen_member(body)
+                if unseen:
+                    return 400, http_error(400, f"Service account {unseen} does not exist.", "badRequest")
                 self.iam[key] = {"bindings": body.get("bindings", [])}
             return 200, {"kind": "storage#policy", **self.iam.setdefault(key, {"bindings": []})}
         return 200, bucket
+
+    def add_service_account(self, email):
+        """A service account that exists already (made by the user, not the console)."""
+        with self.lock:
+            self.resources[f"iam:{email}"] = {"email": email, "description": "", "visibleAt": 0}
+
+    def service_account_seen(self, email):
+        found = self.resources.get(f"iam:{email}")
+        return found is not None and time.monotonic() >= found["visibleAt"]
+
+    def unseen_member(self, policy):
+        """The first service account a policy names that IAM does not know (or not yet), else ''."""
+        for binding in (policy or {}).get("bindings", []):
+            for member in binding.get("members", []):
+                email = member.removeprefix("serviceAccount:")
+                project_account = email != member and email.endswith(".iam.gserviceaccount.com")
+                if project_account and not self.service_account_seen(email):
+                    return email
+        return ""
+
+    def _service_accounts(self, method, match, body):
+        """IAM's service accounts (create, get, delete); a new one is read back at once, but policies and
+        VMs that name it are refused for iam_propagation_seconds."""
+        project = match["project"]
+        if match["email"] is None and method == "POST":
+            account_id = body.get("accountId", "")
+            if not (6 <= len(account_id) <= 30 and ACCOUNT_ID.match(account_id)):
+                why = f"Invalid accountId '{account_id}': 6-30 characters matching [a-z]([-a-z0-9]*[a-z0-9])."
+                return 400, rpc_error(400, why, "INVALID_ARGUMENT")
+            email = f"{account_id}@{project}.iam.gserviceaccount.com"
+            if f"iam:{email}" in self.resources:
+                return 409, rpc_error(409, f"Service account {account_id} already exists within project "
+                                           f"projects/{project}.", "ALREADY_EXISTS")  # fmt: skip
+            account = {**(body.get("serviceAccount") or {}), "email": email, "projectId": project,
+                       "name": f"projects/{project}/serviceAccounts/{email}",
+                       "visibleAt": time.monotonic() + self.iam_propagation_seconds}  # fmt: skip
+            self.resources[f"iam:{email}"] = account
+            return 200, {k: v for k, v in account.items() if k != "visibleAt"}
+        email = match["email"] or ""
+        if f"iam:{email}" not in self.resources:  # read back at once; its uses wait for propagation
+            return 404, rpc_error(404, f"Unknown service account projects/{project}/serviceAccounts/{email}",
+                                  "NOT_FOUND")  # fmt: skip
+        if method == "GET":
+            return 200, {k: v for k, v in self.resources[f"iam:{email}"].items() if k != "visibleAt"}
+        if method == "DELETE":
+            del self.resources[f"iam:{email}"]
+            return 200, {}
+        return 405, http_error(405, "method not allowed")
+
+    def _project_policy(self, match, body):
+        """Resource Manager's project IAM policy: setIamPolicy with a stale etag is refused (409 ABORTED),
+        https://cloud.google.com/iam/docs/policies#etag."""
+        key = f"project:{match['project']}"
+        policy = self.iam.setdefault(key, {"bindings": [], "etag": "BwAAAA==", "version": 1})
+        if match["verb"] == "getIamPolicy":
+            return 200, copy.deepcopy(policy)
+        wanted = body.get("policy") or {}
+        if wanted.get("etag") and wanted["etag"] != policy["etag"]:
+            why = "There were concurrent policy changes. Please retry the whole read-modify-write with exponential "
+            why += "backoff."
+            return 409, rpc_error(409, why, "ABORTED")
+        unseen = self.unseen_member(wanted)
+        if unseen:
+            return 400, rpc_error(400, f"Service account {unseen} does not exist.", "INVALID_ARGUMENT")
+        self.counter += 1
+        self.iam[key] = {**wanted, "etag": f"BwA{self.counter:05d}=", "version": 1}
+        return 200, copy.deepcopy(self.iam[key])
 
     def _vm_member(self, instance, project):
         """The IAM member a VM's token stands for: its service account ("default": the project's Compute
@@ -661,6 +744,9 @@ class FakeGoogleCloud:
             if f"sm:{name}" not in self.resources:
                 return 404, http_error(404, f"Secret [{name}] not found.", "NOT_FOUND")
             if match["verb"] == "setIamPolicy":
+                unseen = self.unseen_member(body.get("policy"))
+                if unseen:
+                    return 400, rpc_error(400, f"Service account {unseen} does not exist.", "INVALID_ARGUMENT")
                 self.iam[name] = body.get("policy") or {}
             return 200, {"version": 1, **self.iam.get(name, {})}
         if match["verb"] == "access" and authorization.startswith("Bearer fake-token-"):
@@ -804,6 +890,7 @@ NOUNS = {
     "images",
     "secrets",
     "versions",
+    "serviceAccounts",
 }
 
 

@@ -62,6 +62,7 @@ class Request:
     at: str = "resource"  # where those properties sit in the request, for Google's field paths
     resources: dict = field(default_factory=dict)  # the fake's resources (read only)
     name: str = ""  # the resource a delete names
+    account_seen: object = None  # email -> whether IAM knows that service account (and sees it yet)
 
 
 @dataclass
@@ -148,6 +149,23 @@ def hyperdisk_only_machine_types_boot_from_hyperdisk(request):
         if not kind.startswith("hyperdisk-"):
             return refuse(request, f"{request.at}.disks[{i}].initializeParams.diskType", kind,
                           f"Machine type {machine} supports only Hyperdisk disk types.")  # fmt: skip
+    return None
+
+
+@rule("https://cloud.google.com/compute/docs/access/create-enable-service-accounts-for-instances", *INSTANCE_REQUESTS)
+def a_vms_service_account_exists(request):
+    """A VM runs as an existing service account the caller may act as; a new one is not seen at once
+    (https://cloud.google.com/iam/docs/service-accounts-create: "you might need to wait for 60 seconds or
+    more before you use the service account"). The Compute default account always exists."""
+    for account in request.properties.get("serviceAccounts") or []:
+        email = account.get("email", "")
+        if email.endswith(".iam.gserviceaccount.com") and request.account_seen and not request.account_seen(email):
+            why = "Ask a project owner to grant you the iam.serviceAccountUser role on the service account"
+            return Refusal(
+                400,
+                "badRequest",
+                f"The user does not have access to service account '{email}'.  User: 'console'.  {why}",
+            )
     return None
 
 

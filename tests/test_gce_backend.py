@@ -216,6 +216,8 @@ def test_a_dry_run_lists_the_resources_with_their_names_and_creates_nothing(fake
     assert ("VPC network", f"{prefix}-net") in plan
     assert ("Managed Lustre", f"{prefix}-lustre") in plan
     assert ("bulkInsert", f"{prefix}-a3ultra-0 .. {prefix}-a3ultra-2") in plan
+    account = names("alpha", "ultra").service_account_id
+    assert ("Service account", f"{account}@tcc-test.iam.gserviceaccount.com") in plan
     assert body["estimated_cost_per_hour"] > 0
     assert not Cluster.objects.exists()
     assert sum(fake.calls.values()) == 0
@@ -356,6 +358,7 @@ def test_vms_get_a_service_account_storage_addresses_the_gpu_image_and_gres(fake
     settings.GCE_GPU_IMAGE = "projects/acme-images/global/images/family/gpu-driver-dcgm"
     spec = gce_spec(nodes=2)
     spec["runtime_spec"] = {"service_account": "trainer@tcc-test.iam.gserviceaccount.com"}
+    fake.add_service_account("trainer@tcc-test.iam.gserviceaccount.com")
     prefix = built(alpha, alice, spec)
     template = template_of(fake, prefix)
     controller = fake.resources[f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-ctl"]
@@ -382,6 +385,10 @@ def test_vms_get_a_service_account_storage_addresses_the_gpu_image_and_gres(fake
     Cluster.objects.all().delete()
     del spec["runtime_spec"]
     template = template_of(fake, built(alpha, alice, spec, name="plain"))
+    account_id = names("alpha", "plain").service_account_id
+    assert template["properties"]["serviceAccounts"][0]["email"] == f"{account_id}@tcc-test.iam.gserviceaccount.com"
+    settings.GCE_SERVICE_ACCOUNT = "default"  # the project's Compute Engine default account, shared
+    template = template_of(fake, built(alpha, alice, spec, name="shared"))
     assert template["properties"]["serviceAccounts"][0]["email"] == "default"
 
 
@@ -541,6 +548,16 @@ def test_preflight_checks_apis_quotas_and_the_reservation(fake, alpha, alice, tm
     with pytest.raises(CommandError, match="checks failed"):
         call_command("preflight", str(path), "--project", "alpha", stdout=out)
     assert "FAIL  reservation h200-block: 4 of 4" in out.getvalue()
+    # A reservation shared from the platform team's project is read there, not in the cluster's project.
+    pool["scaling_spec"] = {"min_node_count": 4, "max_node_count": 4}
+    pool["machine_spec"]["reservation_affinity"]["values"] = ["projects/gpu-pool/reservations/shared-block"]
+    shared = {"name": "shared-block", "specificReservation": {"count": "8", "inUseCount": "2"}}
+    fake.resources["/compute/v1/projects/gpu-pool/zones/us-central1-b/reservations/shared-block"] = shared
+    found = {f.check: f for f in services.preflight(project=alpha, spec=spec)}["reservation shared-block"]
+    assert found.status == "ok" and "6 of 8" in found.detail
+    del fake.resources["/compute/v1/projects/gpu-pool/zones/us-central1-b/reservations/shared-block"]
+    found = {f.check: f for f in services.preflight(project=alpha, spec=spec)}["reservation shared-block"]
+    assert found.status == "fail" and "not found in project gpu-pool" in found.detail
     del pool["machine_spec"]["reservation_affinity"]
     spec["node_pools"][1]["machine_spec"]["machine_type"] = "a3-ultragpu-9g"
     with pytest.raises(SpecError):

@@ -26,6 +26,7 @@ from .gce_fixtures import built, create, gce_spec, run_task, template_of
 pytestmark = pytest.mark.django_db
 
 PROJECT, ZONE = "tcc-test", "us-central1-b"
+NODES_ACCOUNT = "ultra-nodes@tcc-test.iam.gserviceaccount.com"
 
 
 def client(fake, cls):
@@ -215,6 +216,11 @@ CASES = [
          lambda f: insert_instance(f, {**instance(), "labels": {"Team": "dana"}}),
          lambda f: insert_instance(f, {**instance(), "labels": {"team": "dana"}}),
          "Label keys and values are lowercase letters"),
+    Case("a_vms_service_account_exists",
+         lambda f: insert_instance(f, {**instance(), "service_accounts": [{"email": NODES_ACCOUNT}]}),
+         lambda f: f.add_service_account(NODES_ACCOUNT)
+         or insert_instance(f, {**instance(), "service_accounts": [{"email": NODES_ACCOUNT}]}),
+         f"The user does not have access to service account '{NODES_ACCOUNT}'", reason="badRequest"),
     Case("an_image_comes_from_a_disk_no_running_vm_uses", lambda f: image_from(f, stop_first=False),
          lambda f: image_from(f, stop_first=True),
          "The disk resource 'projects/tcc-test/zones/us-central1-b/disks/vm-1' is already being used by "
@@ -606,31 +612,91 @@ def test_only_the_consoles_workers_reach_the_controllers_doors(fake, alpha, alic
     )
 
 
-def test_only_the_clusters_nodes_read_its_keys_granted_on_each_secret_not_project_wide(fake, alpha, alice):
-    """Each key's secret grants secretAccessor to the nodes' service account alone; a VM running as another
-    account (another cluster's) is refused as Secret Manager refuses: 403."""
+def read_secret(fake, vm, key):
+    """What a VM's job gets from Secret Manager with the token the VM's metadata server hands out."""
     import requests
 
-    from .fake_compute import project_number
+    return requests.get(f"{fake.endpoint}/sm/v1/{key}/versions/latest:access",
+                        headers={"Authorization": f"Bearer fake-token-{vm}"}, timeout=5)  # fmt: skip
 
-    spec = gce_spec(nodes=2)
-    spec["runtime_spec"] = {"service_account": "ultra-nodes@tcc-test.iam.gserviceaccount.com"}
-    prefix = built(alpha, alice, spec)
-    built(alpha, alice, gce_spec(nodes=1), name="other")  # the project's default account
-    other = names("alpha", "other").prefix
-    secret = f"projects/{PROJECT}/secrets/{prefix}-munge-key"
-    nodes = "serviceAccount:ultra-nodes@tcc-test.iam.gserviceaccount.com"
-    assert fake.iam[secret]["bindings"] == [{"role": "roles/secretmanager.secretAccessor", "members": [nodes]}]
-    default = f"serviceAccount:{project_number(PROJECT)}-compute@developer.gserviceaccount.com"
-    assert fake.iam[f"projects/{PROJECT}/secrets/{other}-munge-key"]["bindings"][0]["members"] == [default]
 
-    def read(vm, key):
-        return requests.get(f"{fake.endpoint}/sm/v1/{key}/versions/latest:access",
-                            headers={"Authorization": f"Bearer fake-token-{vm}"}, timeout=5)  # fmt: skip
+def account_of(cluster_name):
+    return f"{names('alpha', cluster_name).service_account_id}@{PROJECT}.iam.gserviceaccount.com"
 
-    assert read(f"{prefix}-a3ultra-0", secret).status_code == 200
-    refused = read(f"{other}-a3ultra-0", secret)
+
+def test_one_clusters_nodes_cannot_read_another_clusters_keys(fake, alpha, alice, settings):
+    """The attack: a job on cluster B takes its VM's token and reads cluster A's munge key (then mints
+    tokens, joins A's Slurm as root). With every VM on the project's default account both clusters' secrets
+    granted that one account, and B's VM read A's key (200 before). Each cluster now runs as its own
+    account, granted on its own three secrets only: 403, Secret Manager's PERMISSION_DENIED."""
+    first = built(alpha, alice, gce_spec(nodes=2))
+    second = built(alpha, alice, gce_spec(nodes=1), name="other")
+    for prefix, name in ((first, "ultra"), (second, "other")):
+        for kind in ("munge", "jwt", "agent"):
+            bindings = fake.iam[f"projects/{PROJECT}/secrets/{prefix}-{kind}-key"]["bindings"]
+            assert bindings == [{"role": "roles/secretmanager.secretAccessor",
+                                 "members": [f"serviceAccount:{account_of(name)}"]}]  # fmt: skip
+    secret = f"projects/{PROJECT}/secrets/{first}-munge-key"
+    assert read_secret(fake, f"{first}-a3ultra-0", secret).status_code == 200
+    refused = read_secret(fake, f"{second}-a3ultra-0", secret)
     assert refused.status_code == 403 and refused.json()["error"]["status"] == "PERMISSION_DENIED"
+
+
+def test_each_cluster_has_its_own_account_with_only_its_roles_and_deletes_it(fake, alpha, alice):
+    """The account is made with the cluster (accountId within IAM's 6-30 characters), the VMs run as it, it
+    gets the project's log and metric writer roles and nothing else project-wide, and delete takes its
+    roles off the project, off the buckets it mounted (which stay), then the account."""
+    fake.iam["project:tcc-test"] = {"bindings": [{"role": "roles/owner", "members": ["user:ops@example.com"]}],
+                                    "etag": "BwAAAA==", "version": 1}  # fmt: skip
+    prefix = built(alpha, alice, gce_spec(nodes=2))
+    email = account_of("ultra")
+    assert f"iam:{email}" in fake.resources and 6 <= len(email.split("@")[0]) <= 30
+    assert template_of(fake, prefix)["properties"]["serviceAccounts"][0]["email"] == email
+    controller = fake.resources[f"/compute/v1/projects/{PROJECT}/zones/us-central1-b/instances/{prefix}-ctl"]
+    assert controller["serviceAccounts"][0]["email"] == email
+    policy = fake.iam["project:tcc-test"]["bindings"]
+    who = f"serviceAccount:{email}"
+    assert sorted(b["role"] for b in policy if who in b["members"]) == [
+        "roles/logging.logWriter", "roles/monitoring.metricWriter"]  # fmt: skip
+    assert {"role": "roles/owner", "members": ["user:ops@example.com"]} in policy  # others' bindings kept
+    buckets = [k for k in fake.iam if k.startswith("gcs:")]
+    assert buckets and all(any(who in b["members"] for b in fake.iam[k]["bindings"]) for k in buckets)
+
+    engine.run(services.delete_cluster(cluster=Cluster.objects.get(), user=alice).pk)
+    assert f"iam:{email}" not in fake.resources
+    assert fake.iam["project:tcc-test"]["bindings"] == [{"role": "roles/owner", "members": ["user:ops@example.com"]}]
+    assert all(k in fake.resources for k in buckets)
+    assert not [k for k in buckets if any(who in b["members"] for b in fake.iam[k]["bindings"])]
+
+
+def test_a_new_account_iam_does_not_see_yet_is_waited_for(fake, alpha, alice, settings):
+    """IAM shows a new account only after a while (up to a minute and more): reading it back, naming it in a
+    policy and starting a VM as it are refused until then. The create waits, it does not fail."""
+    fake.iam_propagation_seconds = 1.5
+    settings.GCE_POLL_INTERVAL = 0.1
+    built(alpha, alice, gce_spec(nodes=1))
+    assert f"iam:{account_of('ultra')}" in fake.resources
+
+
+def test_an_account_of_that_name_the_console_did_not_make_stops_the_create(fake, alpha, alice):
+    fake.add_service_account(account_of("ultra"))
+    operation = create(alpha, alice, gce_spec(nodes=1))
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == "FAILED" and "already exists and was not created by this cluster" in operation.error
+
+
+def test_a_named_account_is_used_as_it_is_and_gets_no_project_roles(fake, alpha, alice):
+    spec = gce_spec(nodes=1)
+    spec["runtime_spec"] = {"service_account": NODES_ACCOUNT}
+    fake.add_service_account(NODES_ACCOUNT)
+    prefix = built(alpha, alice, spec)
+    assert template_of(fake, prefix)["properties"]["serviceAccounts"][0]["email"] == NODES_ACCOUNT
+    assert not (fake.iam.get("project:tcc-test") or {}).get("bindings")
+    assert fake.iam[f"projects/{PROJECT}/secrets/{prefix}-munge-key"]["bindings"][0]["members"] == [
+        f"serviceAccount:{NODES_ACCOUNT}"]  # fmt: skip
+    engine.run(services.delete_cluster(cluster=Cluster.objects.get(), user=alice).pk)
+    assert f"iam:{NODES_ACCOUNT}" in fake.resources  # the user's: kept
 
 
 def test_buckets_are_made_with_uniform_access_or_checked_and_the_nodes_may_use_them(fake, alpha, alice):
@@ -648,9 +714,7 @@ def test_buckets_are_made_with_uniform_access_or_checked_and_the_nodes_may_use_t
         bucket = fake.resources[key]
         assert bucket["iamConfiguration"] == {"uniformBucketLevelAccess": {"enabled": True}}
         assert bucket["location"] == "us-central1"
-    from .fake_compute import project_number
-
-    nodes = f"serviceAccount:{project_number(PROJECT)}-compute@developer.gserviceaccount.com"
+    nodes = f"serviceAccount:{account_of('ultra')}"
     for bucket in buckets:
         assert {"role": "roles/storage.objectUser", "members": [nodes]} in fake.iam[f"gcs:{bucket['bucket']}"][
             "bindings"
@@ -716,3 +780,14 @@ def test_a_stockout_set_for_a_machine_type_holds_its_pool_until_it_clears(fake, 
     engine.run(operation.pk)
     operation.refresh_from_db()
     assert operation.status == "SUCCEEDED", operation.error
+
+
+@pytest.mark.parametrize(
+    "cluster_name", ["ab", "ultra", "a-very-long-cluster-name-of-sixty-three-characters-at-the-limit", "x-" * 10]
+)
+def test_every_cluster_name_gives_an_account_id_iam_accepts(cluster_name):
+    from .fake_compute import ACCOUNT_ID
+
+    account_id = names("a-project", cluster_name).service_account_id
+    assert 6 <= len(account_id) <= 30 and ACCOUNT_ID.match(account_id), account_id
+    assert account_id != names("a-project", cluster_name + "2").service_account_id

@@ -184,6 +184,7 @@ def test_every_field_of_the_schema_is_in_the_table():
 
 @pytest.mark.parametrize("field", FIELDS, ids=[f.path for f in FIELDS])
 def test_each_field_has_an_effect_or_is_refused_naming_it(field, fake, alpha, alice, client):
+    fake.add_service_account("cluster-nodes@tcc-test.iam.gserviceaccount.com")  # the user's own account
     fake.resources[f"file:{HOME}"] = {"name": HOME, "networks": [{"ipAddresses": ["10.9.0.2"]}],
                                       "fileShares": [{"name": "home"}]}  # fmt: skip
     fake.resources[f"lustre:{SCRATCH}"] = {"name": SCRATCH, "mountPoint": "10.9.0.3@tcp:/lustrefs"}

@@ -45,6 +45,8 @@ def live(settings, alpha):
         "GCE_SERVICE_NETWORKING_ENDPOINT",
         "GCE_RESOURCE_MANAGER_ENDPOINT",
         "GCE_SERVICE_USAGE_ENDPOINT",
+        "GCE_STORAGE_ENDPOINT",
+        "GCE_IAM_ENDPOINT",
     ):
         setattr(settings, name, "")  # Google's own endpoints
     settings.GCE_ANONYMOUS = False

@@ -27,7 +27,7 @@ from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from .. import slurm_waits
 from ..base import AgentEndpoint, Backend, NodeShape, PermanentBackendError, SlurmEndpoint, Step
-from . import fabric, image, instances, keys, network, preflight, slurm_conf, storage
+from . import fabric, identity, image, instances, keys, network, preflight, slurm_conf, storage
 from .clients import Clients
 from .cloud import Cloud
 from .names import names, names_for
@@ -134,6 +134,15 @@ class GceBackend(Backend):
                 items.append(("VPC peering", n.console_peering, f"with the console's {settings.GCE_CONSOLE_NETWORK}"))
             if net.get("cloud_nat"):
                 items.append(("Cloud NAT", n.router, "outbound internet for the nodes (no external addresses)"))
+        if not (spec.get("runtime_spec") or {}).get("service_account") and settings.GCE_SERVICE_ACCOUNT == "cluster":
+            roles = ", ".join(r.removeprefix("roles/") for r in settings.GCE_NODE_PROJECT_ROLES)
+            items.append(
+                (
+                    "Service account",
+                    f"{n.service_account_id}@{project.gcp_project_id or 'PROJECT'}.iam.gserviceaccount.com",
+                    "the nodes' identity: its own keys and buckets" + (f"; {roles}" if roles else ""),
+                )
+            )
         items += [
             ("Firewall rule", n.firewall_internal, "all traffic inside the subnet"),
             ("Firewall rule", n.firewall_ssh, "tcp:22 to the login node only"),
@@ -198,6 +207,13 @@ class GceBackend(Backend):
             if fabric.cluster_nets(cloud):
                 steps.append(Step("Create the GPU fabric networks", lambda ctx: fabric.create_fabric(cloud)))
         steps.append(Step("Create firewall rules", lambda ctx: network.create_firewalls(cloud)))
+        if identity.per_cluster(cloud):
+            steps.append(
+                Step(
+                    f"Create the nodes' service account {identity.email(cloud)}",
+                    lambda ctx: identity.create_service_account(cloud),
+                )
+            )
         if net.get("private_services_range") and (store.get("filestore_home") or store.get("lustre")):
             steps.append(
                 Step("Set up private services access", lambda ctx: network.create_private_services_access(cloud))
@@ -288,6 +304,7 @@ class GceBackend(Backend):
             Step("Delete the GPU fabric networks", lambda ctx: fabric.delete_fabric(cloud)),
             Step("Delete subnetwork and network", lambda ctx: network.delete_network(cloud)),
             Step("Delete the cluster's keys from Secret Manager", lambda ctx: keys.delete_keys(cloud)),
+            Step("Delete the nodes' service account", lambda ctx: identity.delete_service_account(cloud)),
         ]
 
     # -- reaching the cluster --------------------------------------------------------------------

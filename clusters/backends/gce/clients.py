@@ -14,6 +14,7 @@ REST_APIS = {
     "resourcemanager": ("GCE_RESOURCE_MANAGER_ENDPOINT", "https://cloudresourcemanager.googleapis.com"),
     "storage": ("GCE_STORAGE_ENDPOINT", "https://storage.googleapis.com"),
     "serviceusage": ("GCE_SERVICE_USAGE_ENDPOINT", "https://serviceusage.googleapis.com"),
+    "iam": ("GCE_IAM_ENDPOINT", "https://iam.googleapis.com"),
 }
 
 

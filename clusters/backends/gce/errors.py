@@ -18,6 +18,7 @@ CAPACITY_CODES = {
 RATE_LIMIT_CODES = {"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"}
 
 QUOTA = re.compile(r"Quota '(?P<quota>[A-Z0-9_]+)' exceeded\.\s+Limit: (?P<limit>[\d.]+)(?: in (?P<where>[\w -]+))?")
+SERVICE_ACCOUNT_UNSEEN = re.compile(r"Service account \S+ does not exist|does not have access to service account", re.I)
 PERMISSION = re.compile(r"Required '(?P<permission>[\w.]+)' permission for '(?P<resource>[^']+)'")
 
 
@@ -58,6 +59,13 @@ def map_message(code, message, what, http_status=None):
             f"the credentials lack {permission['permission']} on {permission['resource']}" if permission else message
         )
         return PermanentBackendError(f"{prefix}permission denied: {detail}")
+    if SERVICE_ACCOUNT_UNSEEN.search(message or ""):
+        # A new service account is not seen everywhere for a minute (identity.py); the engine's retries
+        # outlast that, and a real lack of iam.serviceAccountUser fails after them with this message.
+        return TransientBackendError(
+            f"{prefix}{message} (a new service account takes a minute to be seen everywhere; if this persists, "
+            "the console needs roles/iam.serviceAccountUser on it)"
+        )
     if code in CAPACITY_CODES or "does not have enough resources" in (message or ""):
         return CapacityError(f"{prefix}no capacity in the zone or reservation right now ({code})")
     if "machineType" in (message or "") or "Machine type" in (message or ""):

@@ -40,9 +40,10 @@ CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
 
 def service_account(cloud):
-    """runtime_spec.service_account, else GCE_SERVICE_ACCOUNT ("default": the project's Compute Engine
-    default service account)."""
-    return (cloud.spec.get("runtime_spec") or {}).get("service_account") or settings.GCE_SERVICE_ACCOUNT
+    """The email the cluster's VMs run as (identity.py: the cluster's own account by default)."""
+    from .identity import email
+
+    return email(cloud)
 
 
 def image_for(pool, role):

@@ -9,6 +9,7 @@ import secrets as random_source
 import threading
 
 from ...work import PermanentBackendError
+from . import identity
 from .errors import map_api_error
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
@@ -62,27 +63,15 @@ def create_keys(cloud):
 ACCESSOR = "roles/secretmanager.secretAccessor"
 
 
-def node_member(cloud):
-    """The IAM member the cluster's VMs run as: the spec's service account, or the project's Compute Engine
-    default one (PROJECT_NUMBER-compute@developer.gserviceaccount.com,
-    https://cloud.google.com/compute/docs/access/service-accounts#default_service_account)."""
-    from .instances import service_account
-    from .network import project_number
-
-    email = service_account(cloud)
-    if email == "default":
-        email = f"{project_number(cloud, cloud.project)}-compute@developer.gserviceaccount.com"
-    return f"serviceAccount:{email}"
-
-
 def grant_nodes(cloud, name):
     """secretAccessor on this one secret for the nodes' service account, never project-wide: one cluster's
     nodes read their own keys, not another cluster's
     (https://cloud.google.com/secret-manager/docs/manage-access-to-secrets#secretmanager-grant-access)."""
     from google.api_core import exceptions
 
-    member = node_member(cloud)
-    try:
+    member = identity.member(cloud)
+
+    def grant():
         policy = cloud.c.secrets.get_iam_policy(request={"resource": name})
         binding = next((b for b in policy.bindings if b.role == ACCESSOR), None)
         if binding is not None and member in binding.members:
@@ -91,6 +80,9 @@ def grant_nodes(cloud, name):
             binding = policy.bindings.add(role=ACCESSOR)
         binding.members.append(member)
         cloud.c.secrets.set_iam_policy(request={"resource": name, "policy": policy})
+
+    try:
+        identity.retried(cloud, grant, f"granting the nodes access to {name}")
     except exceptions.GoogleAPICallError as exc:
         raise map_api_error(exc, f"granting the nodes access to {name}") from None
 

@@ -71,6 +71,13 @@ class Names:
     def controller(self):
         return f"{self.prefix}-ctl"
 
+    @property
+    def service_account_id(self):
+        """The accountId of the cluster's own service account (identity.py): IAM takes 6 to 30 characters
+        matching [a-z]([-a-z0-9]*[a-z0-9]), so the prefix's head is cut to 13 and its digest kept whole."""
+        head, _, digest = self.prefix.rpartition("-")
+        return f"{head[:13].rstrip('-')}-{digest}"
+
     def secret(self, kind):
         """The Secret Manager secret of one of the cluster's keys (munge, jwt, agent; keys.py)."""
         return f"{self.prefix}-{kind}-key"

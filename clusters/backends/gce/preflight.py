@@ -13,7 +13,7 @@ from django.conf import settings
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from ..base import Finding
-from .names import gpu_count
+from .names import gpu_count, owner_and_name
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
@@ -37,6 +37,8 @@ def needed_apis(spec):
         apis["lustre.googleapis.com"] = "Managed Lustre"
     if storage.get("filestore_home") or storage.get("lustre"):
         apis["servicenetworking.googleapis.com"] = "Service Networking (private services access)"
+    if not (spec.get("runtime_spec") or {}).get("service_account") and settings.GCE_SERVICE_ACCOUNT == "cluster":
+        apis["iam.googleapis.com"] = "IAM (the cluster's own service account)"
     return apis
 
 
@@ -145,12 +147,13 @@ def check_reservations(clients, gcp_project, spec):
     for pool in spec["node_pools"]:
         affinity = pool["machine_spec"].get("reservation_affinity") or {}
         nodes = pool_node_count(pool)
-        for name in affinity.get("values", []):
-            name = name.rsplit("/", 1)[-1]
+        for value in affinity.get("values", []):
+            owner, name = owner_and_name(value, gcp_project)  # a shared one lives in its owner's project
             try:
-                found = clients.reservations.get(project=gcp_project, zone=pool["zone"], reservation=name)
+                found = clients.reservations.get(project=owner, zone=pool["zone"], reservation=name)
             except exceptions.NotFound:
-                findings.append(Finding("fail", f"reservation {name}", f"not found in {pool['zone']}"))
+                where = pool["zone"] if owner == gcp_project else f"project {owner}, {pool['zone']}"
+                findings.append(Finding("fail", f"reservation {name}", f"not found in {where}"))
                 continue
             except exceptions.GoogleAPICallError as exc:
                 findings.append(Finding("fail", f"reservation {name}", f"cannot read it: {exc.message}"))

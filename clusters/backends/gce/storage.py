@@ -155,10 +155,10 @@ def ensure_buckets(cloud):
     bucket-level access when it does not exist (and kept after the cluster: checkpoints outlive it), and
     the nodes' service account gets objectUser on it so gcsfuse can read and write.
     https://cloud.google.com/storage/docs/creating-buckets, https://cloud.google.com/storage/docs/uniform-bucket-level-access"""
-    from .keys import node_member
+    from . import identity
 
     session, base = cloud.c.session(), f"{cloud.c.rest_url('storage')}/storage/v1"
-    member = node_member(cloud)
+    member = identity.member(cloud)
     for bucket in cloud.storage.get("gcs_buckets", []):
         name = bucket["bucket"]
         found = session.get(f"{base}/b/{name}")
@@ -186,20 +186,46 @@ def ensure_buckets(cloud):
             )
         elif not found.ok:
             raise TransientBackendError(f"reading bucket {name}: {found.status_code}")
-        policy = session.get(f"{base}/b/{name}/iam")
-        if not policy.ok:
-            raise PermanentBackendError(f"reading bucket {name}'s IAM policy: {policy.status_code}")
-        body = policy.json()
-        bindings = body.setdefault("bindings", [])
-        binding = next((b for b in bindings if b.get("role") == OBJECT_USER), None)
+        identity.retried(
+            cloud, lambda name=name: set_bucket_member(session, base, name, member, add=True), f"granting {name}"
+        )
+
+
+def set_bucket_member(session, base, name, member, *, add):
+    """objectUser on bucket `name` for `member` (add), or not (remove), in the bucket's own policy."""
+    policy = session.get(f"{base}/b/{name}/iam")
+    if policy.status_code == 404 and not add:
+        return
+    if not policy.ok:
+        raise PermanentBackendError(f"reading bucket {name}'s IAM policy: {policy.status_code}")
+    body = policy.json()
+    bindings = body.setdefault("bindings", [])
+    binding = next((b for b in bindings if b.get("role") == OBJECT_USER), None)
+    members = binding.get("members", []) if binding else []
+    if add == (member in members):
+        return
+    if add:
         if binding is None:
             binding = {"role": OBJECT_USER, "members": []}
             bindings.append(binding)
-        if member not in binding["members"]:
-            binding["members"].append(member)
-            granted = session.put(f"{base}/b/{name}/iam", json=body)
-            if not granted.ok:
-                raise PermanentBackendError(f"granting the nodes access to bucket {name}: {granted.status_code}")
+        binding.setdefault("members", []).append(member)
+    else:
+        members.remove(member)
+        body["bindings"] = [b for b in bindings if b.get("members")]
+    written = session.put(f"{base}/b/{name}/iam", json=body)
+    if not written.ok:
+        verb = "granting the nodes access to" if add else "revoking the nodes' access to"
+        raise PermanentBackendError(f"{verb} bucket {name}: {written.status_code} {written.text[:200]}")
+
+
+def revoke_buckets(cloud):
+    """The cluster's account off the buckets it mounted (they outlive the cluster; its account does not)."""
+    from . import identity
+
+    session, base = cloud.c.session(), f"{cloud.c.rest_url('storage')}/storage/v1"
+    member = identity.member(cloud)
+    for bucket in cloud.storage.get("gcs_buckets", []):
+        set_bucket_member(session, base, bucket["bucket"], member, add=False)
 
 
 def filestore_name(cloud):
