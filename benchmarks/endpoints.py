@@ -147,7 +147,7 @@ def main(requests, clients):
         measure(routed, token, clients * 5, clients)  # warm both paths
         replica = ready.first()
         rows = [("router, 1 replica", measure(routed, token, requests, clients)),
-                ("direct, 1 replica", measure(f"{replica.url}/predict", None, requests, clients))]  # fmt: skip
+                ("direct, 1 replica", measure(f"{replica.url}/predict", replica.token, requests, clients))]  # fmt: skip
         serving.change_endpoint(endpoint, {"min_replicas": 2, "max_replicas": 2})
         wait_for(lambda: ready.count() == 2, 180, "two replicas")
         time.sleep(1)

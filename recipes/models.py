@@ -267,6 +267,9 @@ class Replica(models.Model):
     folder = models.CharField(max_length=300)  # relative to the cluster's shared home
     host = models.CharField(max_length=255, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
+    # The bearer token the replica wants on every path but /health: made by the console, written to a 0600
+    # file of the job's account, sent by the router alone; never on a page, an answer or a log line.
+    token = models.CharField(max_length=64, blank=True, editable=False)
     state = models.CharField(max_length=10, choices=ReplicaState.choices, default=ReplicaState.STARTING)
     error = models.CharField(max_length=300, blank=True)
     created = models.DateTimeField(default=timezone.now)

@@ -24,6 +24,7 @@ from .conftest import wait_until
 from .factories import tiny_model
 
 pytestmark = pytest.mark.django_db(transaction=True)
+REPLICA_TOKEN = "replica-token-the-router-alone-holds"
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +33,12 @@ def replica(tmp_path_factory):
     folder = tmp_path_factory.mktemp("replica")
     model = tiny_model(folder / "model")
     announce = folder / "announce.json"
+    token = folder / "token"
+    token.write_text(REPLICA_TOKEN)
+    token.chmod(0o600)
     process = subprocess.Popen(
         [sys.executable, "-m", "recipes.node.serve", "--model", str(model), "--served-name", "chat",
-         "--version", "tiny:v1", "--announce", str(announce)],
+         "--version", "tiny:v1", "--announce", str(announce), "--token-file", str(token)],
         stdout=subprocess.DEVNULL, stderr=(folder / "serve.log").open("w"),
     )  # fmt: skip
     wait_until(announce.exists, timeout=60, message="the replica to announce itself")
@@ -100,8 +104,8 @@ def test_a_request_a_replica_may_have_started_is_never_sent_to_another(alpha, al
     _, token = APIToken.issue(alice, "router")
     dying = Dying()
     dying.start()
-    [(status, body)] = through(alpha, [(1, f"http://127.0.0.1:{dying.port}", "tiny:v1"), (2, replica, "tiny:v1")],
-                               [completion(token)])  # fmt: skip
+    replicas = [(1, f"http://127.0.0.1:{dying.port}", "tiny:v1"), (2, replica, "tiny:v1", REPLICA_TOKEN)]
+    [(status, body)] = through(alpha, replicas, [completion(token)])
     assert (status, body["error"]["message"]) == (502, "the replica closed the connection")
     assert dying.requests == 1  # and the healthy replica never saw it (a retry would have answered 200)
 
@@ -109,7 +113,7 @@ def test_a_request_a_replica_may_have_started_is_never_sent_to_another(alpha, al
 def test_a_request_no_replica_received_is_retried_on_another(alpha, alice, replica):
     _, token = APIToken.issue(alice, "router")
     refused = (1, f"http://127.0.0.1:{free_port()}", "tiny:v1")
-    answers = through(alpha, [refused, (2, replica, "tiny:v1")], [completion(token), completion(token)])
+    answers = through(alpha, [refused, (2, replica, "tiny:v1", REPLICA_TOKEN)], [completion(token), completion(token)])
     assert [status for status, _ in answers] == [200, 200]
     assert answers[0][1]["model"] == "chat" and answers[0][1]["system_fingerprint"] == "tiny:v1"
 
@@ -118,7 +122,7 @@ def test_tokens_and_models_are_refused_in_openais_shape(alpha, alice, charlie, c
     _, token = APIToken.issue(alice, "router")
     _, expired = APIToken.issue(alice, "old", expires=timezone.now() - timedelta(minutes=1))
     _, charlies = APIToken.issue(charlie, "charlie")
-    answers = through(alpha, [(2, replica, "tiny:v1")], [
+    answers = through(alpha, [(2, replica, "tiny:v1", REPLICA_TOKEN)], [
         completion(expired), completion("tcc_made_up"), completion(charlies),
         completion(token, {"model": "gpt-4", "prompt": "hi"}), completion(token, {"prompt": "hi", "max_tokens": 2}),
     ])  # fmt: skip
@@ -190,7 +194,7 @@ def test_a_replica_failing_health_is_ejected_and_routed_again_once_it_passes(alp
 
     async def main():
         router = routing.Router()
-        await start_with(router, {}, alpha, [quiet, (2, replica, "tiny:v1")])
+        await start_with(router, {}, alpha, [quiet, (2, replica, "tiny:v1", REPLICA_TOKEN)])
         seen = []
         await router.check_health()
         seen.append((set(router.ejected), router.pick(router.routes[("alpha", "chat")], set())[0]))
@@ -231,7 +235,7 @@ def test_prometheus_scrapes_the_routers_figures_with_its_token_only(alpha, alice
         return get
 
     body = {"model": "chat", "prompt": "hi", "max_tokens": 3}
-    answers = through(alpha, [(2, replica, "tiny:v1")], [
+    answers = through(alpha, [(2, replica, "tiny:v1", REPLICA_TOKEN)], [
         completion(token, body), completion(token, {**body, "model": "nope"}), scrape("Bearer scrape-me"),
         scrape("Bearer guess"), scrape(None),
     ])  # fmt: skip
@@ -243,3 +247,32 @@ def test_prometheus_scrapes_the_routers_figures_with_its_token_only(alpha, alice
     assert 'tcc_router_request_seconds_bucket{endpoint="chat",le="120.0",project="alpha"} 2.0' in text
     settings.METRICS_TOKEN_FILE = ""
     assert through(alpha, [], [scrape("Bearer scrape-me")])[0][0] == 404  # off unless a token is set
+
+
+def test_a_replica_answers_its_router_alone(alpha, alice, replica):
+    """The attack: another member's job on the node (or anyone who reaches it) finds the replica's port and
+    sends it requests directly, past the router's token check, project rule and limits. It answered 200
+    before; now only the router's per-replica token is admitted (/health stays open for probes)."""
+    import urllib.error
+    import urllib.request
+
+    def direct(path, token=None, body=None):
+        request = urllib.request.Request(replica + path, data=json.dumps(body).encode() if body else None,
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as refused:
+            return refused.code, json.loads(refused.read())
+
+    prompt = {"prompt": "hi", "max_tokens": 2}
+    for token in (None, "a-guess", REPLICA_TOKEN + "x"):
+        for path, body in (("/v1/completions", prompt), ("/v1/models", None), ("/predict", {"instances": ["hi"]})):
+            status, answer = direct(path, token, body)
+            assert (status, answer["error"]["code"]) == (401, "invalid_api_key"), (path, token)
+    assert direct("/health")[0] == 200
+    _, console_token = APIToken.issue(alice, "router")
+    [(status, body)] = through(alpha, [(2, replica, "tiny:v1", REPLICA_TOKEN)], [completion(console_token)])
+    assert status == 200 and body["choices"][0]["text"] is not None

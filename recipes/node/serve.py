@@ -3,7 +3,8 @@ HTTP API, run as a Slurm job on a cluster node. CPU partitions (the tiny profile
 transformers server below; GPU partitions run vLLM's OpenAI server (`--engine vllm`), announced the
 same way.
 
-    python -m recipes.node.serve --model FOLDER --served-name NAME --version NAME:vN --announce FILE [--engine vllm]
+    python -m recipes.node.serve --model FOLDER --served-name NAME --version NAME:vN --announce FILE \
+        [--token-file FILE] [--engine vllm]
 
     GET  /health                   200 once the model is loaded
     GET  /v1/models                {"object": "list", "data": [{"id": NAME, ...}]}
@@ -17,6 +18,10 @@ ignores `model` (the router names the endpoint) and `user`; any other field is a
 silently dropped. `stream: true` answers server-sent events, one per new piece of text, then
 `data: [DONE]`; a client that goes away stops its generation.
 
+With --token-file (the console always gives one: a token per replica, in a 0600 file of the job's
+account), every path but /health needs `Authorization: Bearer <token>`, which only the router holds;
+vLLM gets it as VLLM_API_KEY. Anything else on the node that finds the port gets 401.
+
 Every answer names the version that produced it (`system_fingerprint`, and `X-Model-Version`). A bad
 body or a prompt longer than the model's context is a 400 in OpenAI's error shape
 ({"error": {"message", "type": "invalid_request_error", "param", "code"}}). The replica binds an
@@ -25,6 +30,7 @@ ready: the console reads it through the cluster agent and routes to it.
 """
 
 import argparse
+import hmac
 import json
 import os
 import signal
@@ -205,10 +211,21 @@ def chat_prompt(messages):
     return "\n".join(lines) + "\nassistant:"
 
 
-def handler_for(model):
+def handler_for(model, token=""):
     class Handler(BaseHTTPRequestHandler):
         server_version = "tcc-replica/1"
         protocol_version = "HTTP/1.1"
+
+        def admitted(self):
+            """With a token, every path but /health wants `Authorization: Bearer <token>`: the router holds
+            it; a job of anyone else's on the node that finds the port does not."""
+            given = self.headers.get("Authorization", "").encode()
+            if not token or hmac.compare_digest(given, f"Bearer {token}".encode()):
+                return True
+            self.answer(HTTPStatus.UNAUTHORIZED, {"error": {
+                "message": "this replica answers its endpoint's router only", "type": "invalid_request_error",
+                "param": None, "code": "invalid_api_key"}})  # fmt: skip
+            return False
 
         def log_message(self, format, *args):  # one line per request, no bodies
             sys.stderr.write(f"{self.address_string()} {format % args}\n")
@@ -244,6 +261,8 @@ def handler_for(model):
         def do_GET(self):
             if self.path == "/health":
                 return self.answer(HTTPStatus.OK, {"status": "ok", "version": model.version})
+            if not self.admitted():
+                return None
             if self.path == "/v1/models":
                 return self.answer(HTTPStatus.OK, {"object": "list", "data": [
                     {"id": model.name, "object": "model", "created": 0, "owned_by": "tcc", "version": model.version}
@@ -251,6 +270,8 @@ def handler_for(model):
             self.answer(HTTPStatus.NOT_FOUND, error("no such path", code="not_found"))
 
         def do_POST(self):
+            if not self.admitted():
+                return
             try:
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > MAX_BODY:
@@ -409,7 +430,10 @@ def serve_vllm(args, timeout=1800):
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
                "--served-model-name", args.served_name, "--host", "0.0.0.0", "--port", str(port),
                "--tensor-parallel-size", str(args.gpus)]  # fmt: skip
-    server = subprocess.Popen(command, preexec_fn=die_with_parent)
+    # vLLM checks /v1's Authorization against VLLM_API_KEY: from the environment, which other accounts on
+    # the node cannot read (an --api-key would show in every `ps`).
+    environment = {**os.environ, "VLLM_API_KEY": args.token} if args.token else None
+    server = subprocess.Popen(command, preexec_fn=die_with_parent, env=environment)
 
     def stop(signum, frame):
         stop_engine(server)
@@ -443,11 +467,13 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
     parser.add_argument("--gpus", type=int, default=1, help="vLLM's tensor parallel size")
+    parser.add_argument("--token-file", help="a file (0600) holding the bearer token the router sends")
     args = parser.parse_args(argv)
+    args.token = Path(args.token_file).read_text().strip() if args.token_file else ""
     if args.engine == "vllm":
         return serve_vllm(args)
     model = Model(args.model, args.served_name, args.version, args.threads)
-    server = ThreadingHTTPServer(("0.0.0.0", 0), handler_for(model))
+    server = ThreadingHTTPServer(("0.0.0.0", 0), handler_for(model, args.token))
     server.daemon_threads = True
     announce(args.announce, server.server_address[1], args.version)
     server.serve_forever()

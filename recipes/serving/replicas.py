@@ -3,6 +3,7 @@ followed from its announce file and /health, drained and stopped."""
 
 import contextlib
 import json
+import secrets
 import shlex
 import urllib.request
 
@@ -32,7 +33,8 @@ def replica_script(endpoint, replica, staged, runtime):
     engine = ["--engine", "vllm", "--gpus", "1"] if gpus else []  # one GPU per replica
     command = [
         runtime.python, "-m", "recipes.node.serve", "--model", f"{home}/{staged}", "--served-name", endpoint.name,
-        "--version", replica.version_ref, "--announce", f"{folder}/announce.json", *engine,
+        "--version", replica.version_ref, "--announce", f"{folder}/announce.json",
+        "--token-file", f"{folder}/token", *engine,
     ]  # fmt: skip
     return batch.render(
         {
@@ -53,9 +55,12 @@ def replica_script(endpoint, replica, staged, runtime):
 def start(endpoint, version):
     staged = registry.stage(version, endpoint.cluster)
     runtime = clusters.node_runtime(endpoint.cluster)
-    replica = Replica.objects.create(endpoint=endpoint, version=version, version_ref=version.ref)
+    replica = Replica.objects.create(endpoint=endpoint, version=version, version_ref=version.ref,
+                                     token=secrets.token_urlsafe(32))  # fmt: skip
     replica.folder = f"endpoints/{endpoint.uuid}/replica-{replica.pk}"
     script = replica_script(endpoint, replica, staged, runtime)
+    # 0600, and the job's account's once submit_batch hands the folder over: not the project's other members'.
+    clusters.write_file(endpoint.cluster, f"{replica.folder}/token", replica.token, mode=0o600)
     clusters.write_file(endpoint.cluster, f"{replica.folder}/serve.sbatch", script)
     try:
         replica.slurm_job_id = clusters.submit_batch(endpoint.cluster, f"{replica.folder}/serve.sbatch",

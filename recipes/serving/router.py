@@ -56,7 +56,7 @@ log = logging.getLogger("recipes.router")
 class Route:
     endpoint_id: int
     project_id: int
-    replicas: list  # [(replica id, url, version "name:vN")]
+    replicas: list  # [(replica id, url, version "name:vN"[, the replica's bearer token])]
     version: str = ""
     name: str = ""  # what the replicas serve (the endpoint's name): every request's model is rewritten to it
     names: tuple = ()  # the models a client may ask for
@@ -182,11 +182,12 @@ class Router:
         routes = {}
         endpoints = Endpoint.objects.filter(status__in=EndpointStatus.live()).select_related("project", "serving")
         replicas = {}
-        for endpoint_id, replica_id, host, port, version in (
+        for endpoint_id, replica_id, host, port, version, token in (
             Endpoint.objects.filter(status__in=EndpointStatus.live(), replicas__state=ReplicaState.READY)
-            .values_list("pk", "replicas__pk", "replicas__host", "replicas__port", "replicas__version_ref")
+            .values_list("pk", "replicas__pk", "replicas__host", "replicas__port", "replicas__version_ref",
+                         "replicas__token")
         ):  # fmt: skip
-            replicas.setdefault(endpoint_id, []).append((replica_id, f"http://{host}:{port}", version))
+            replicas.setdefault(endpoint_id, []).append((replica_id, f"http://{host}:{port}", version, token))
         for endpoint in endpoints:
             served = endpoint.serving.ref if endpoint.serving else ""
             names = (endpoint.name, served, f"{endpoint.model_name}@{endpoint.alias}" if endpoint.alias else "")
@@ -347,12 +348,14 @@ class Router:
                 return failure(message, 429, code="rate_limit_exceeded")
             if chosen is None:
                 break
-            replica_id, url, version = chosen
+            replica_id, url, version, token = (*chosen, "")[:4]
             tried.add(replica_id)
             self.in_flight[replica_id] = self.in_flight.get(replica_id, 0) + 1
+            headers = {"Content-Type": "application/json"}
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
             try:
-                async with self.session.request(method, url + path, data=body,
-                                                headers={"Content-Type": "application/json"}) as answer:  # fmt: skip
+                async with self.session.request(method, url + path, data=body, headers=headers) as answer:
                     # vLLM's answers do not name the version; the table does.
                     version = answer.headers.get("X-Model-Version") or version
                     if stream_to is not None and answer.status == 200:
