@@ -9,7 +9,8 @@ startup script runs as it would on Compute Engine:
 - a UTS namespace (the host name is the instance name) and a PID namespace (resetting the VM kills
   everything in it at once, as a reset does);
 - a mount namespace in which the VM's own folder is bound over the paths a VM keeps to itself
-  (/etc/slurm, /etc/munge, /etc/default, /var/spool, /var/log, /var/lib/munge, a fresh /run),
+  (/etc, copied from this machine's at first boot: its accounts are the VM's own; /var/spool, /var/log,
+  /var/lib/munge, a fresh /run),
   /etc/hosts is the VPC's DNS (every instance of the fake by name), and /home is the cluster's
   Filestore share, a folder of the fake's, bound as its NFS mount would be. The rest (programs,
   libraries, accounts, and /tmp, where a checkout and its virtualenv may live) is this machine's: the
@@ -41,7 +42,7 @@ VM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 INIT = r"""
 set -u
 R=$1 NAME=$2 SHARE=$3 HOSTS=$4 META=$5 RESOLV=$6
-for path in etc/slurm etc/munge etc/default var/spool var/log var/lib/munge; do
+for path in etc var/spool var/log var/lib/munge; do
   mount --bind "$R/$path" "/$path"
 done
 mount --bind "$HOSTS" /etc/hosts
@@ -59,6 +60,16 @@ fi
 trap : CHLD
 while :; do sleep 3600 & wait $! 2>/dev/null; done
 """
+
+
+def image_etc_skips(folder, names):
+    """What a VM's copy of this machine's /etc leaves out: Slurm's and munge's files (the VM makes its own)
+    and anything that is not a file, a folder or a link."""
+    if folder in ("/etc/slurm", "/etc/munge"):
+        return names
+    return [
+        n for n in names if not (os.path.islink(p := os.path.join(folder, n)) or os.path.isfile(p) or os.path.isdir(p))
+    ]
 
 
 def ip(*args):
@@ -198,10 +209,12 @@ class VM:
 
     def disk(self):
         """The VM's own folders (its boot disk), made on first boot and kept across resets."""
+        if not (self.folder / "etc").exists():
+            # The image's /etc, the VM's own from then on: its accounts (passwd, group, shadow) above all,
+            # which the console's agent changes on the controller alone; Slurm's and munge's start empty.
+            shutil.copytree("/etc", self.folder / "etc", symlinks=True, ignore=image_etc_skips)
         for path in ("etc/slurm", "etc/munge", "var/spool", "var/log", "var/lib/munge", "home"):
             (self.folder / path).mkdir(parents=True, exist_ok=True)
-        if not (self.folder / "etc/default").exists():
-            shutil.copytree("/etc/default", self.folder / "etc/default", symlinks=True)
 
     def boot(self, metadata_host, script):
         if self.running:

@@ -258,7 +258,9 @@ def test_the_controller_gets_slurm_conf_and_a_resize_updates_it(fake, alpha, ali
     assert "ConstrainDevices=yes" in metadata(fake, "ctl")["slurm-cgroup-conf"]
     assert "CgroupPlugin=cgroup/v2" in metadata(fake, "ctl")["slurm-cgroup-conf"]
     assert "--property=Delegate=yes --property=LimitMEMLOCK=infinity" in metadata(fake, "a3ultra-0")["startup-script"]
-    assert "Epilog=/etc/slurm/epilog.sh" in conf and "Prolog=" not in conf
+    # The Prolog is always there: each node takes the console's new accounts in it (the spec has no prolog).
+    assert "Epilog=/etc/slurm/epilog.sh" in conf and "Prolog=/etc/slurm/prolog.sh" in conf
+    assert metadata(fake, "a3ultra-0")["slurm-prolog"] == ""
     # Configless compute nodes are not sent the epilog with slurm.conf: each gets it in its metadata.
     epilog = metadata(fake, "a3ultra-0")["slurm-epilog"]
     assert epilog == metadata(fake, "ctl")["slurm-epilog"] and epilog.endswith("tcc_gpu_check\n")

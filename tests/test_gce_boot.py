@@ -129,6 +129,54 @@ def test_a_job_gets_no_token_from_its_nodes_metadata_server(cluster, fake, tmp_p
     assert "access_token" in as_root.stdout
 
 
+def test_a_members_account_is_the_same_on_every_node(cluster, fake):
+    """The agent makes a member's account on the controller; each VM keeps its own account database (as
+    real VMs do), and a job of that account on a compute node ran as an unknown user before. Every node
+    now takes the console's accounts, with the controller's uids and gids, before each job (its Prolog)
+    and every few seconds."""
+    owner = cluster.project.members.get()
+    url = "/v1beta1/projects/glab/locations/us-central1/modelDevelopmentClusters/train:callSlurmRestApi"
+    out = f"/tmp/tcc-whoami-{owner.pk}-{cluster.pk}"
+    submit_through_slurmrestd(api_client_for(owner), url, f"#!/bin/bash\nid -un > {out}.new && mv {out}.new {out}\n",
+                              name="whoami", nodes=1, tasks=1, current_working_directory="/tmp")  # fmt: skip
+    try:
+        wait_until(lambda: os.path.exists(out), timeout=60, message="the job's answer")
+        account = Path(out).read_text().strip()
+    finally:
+        if os.path.exists(out):
+            os.unlink(out)
+    assert account.startswith("tcct-gail")
+
+    def entries(vm, table):
+        lines = (fake.vpc.root / "vms" / vm / "etc" / table).read_text().splitlines()
+        return {line.split(":")[0]: line.split(":")[2:4] for line in lines if line.startswith("tcct-")}
+
+    prefix = names("glab", "train").prefix
+    controller = entries(f"{prefix}-ctl", "passwd")
+    assert account in controller
+    for node in ("cpu-0", "cpu-1", "login-0"):
+        wait_until(lambda node=node: entries(f"{prefix}-{node}", "passwd") == controller, timeout=10,
+                   message=f"{node}'s accounts")  # fmt: skip
+        assert entries(f"{prefix}-{node}", "group") == entries(f"{prefix}-ctl", "group")
+
+
+def test_the_controllers_doors_listen_on_its_internal_address_only(cluster, fake):
+    """slurmrestd and the agent answer on the controller's internal address (where the firewall admits the
+    console's range alone), not on loopback or any other interface a container could reach."""
+    import subprocess
+
+    controller = fake.vpc.vms[names("glab", "train").controller]
+    address = cluster.backend_state["controller_ip"]
+
+    def answers(host, port):
+        curl = ["curl", "-s", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", f"http://{host}:{port}/"]
+        found = subprocess.run(["ip", "netns", "exec", controller.netns, *curl], capture_output=True, text=True)
+        return found.stdout != "000"
+
+    for port in (6820, 6821):
+        assert answers(address, port) and not answers("127.0.0.1", port), port
+
+
 def test_a_resize_boots_vms_that_join_configless_and_a_shrink_deletes_them(cluster, fake):
     prefix = names("glab", "train").prefix
     grown = run(services.update_cluster(cluster=cluster, spec=gce_spec(cpu=3)))

@@ -387,7 +387,23 @@ def op_account(home, body):
     # The project's members write here; nobody else reads. Sticky: a member may not rename or delete what
     # is not theirs, so the console's root-owned .tcc/ (code that root runs on every node) stays its own.
     os.chmod(home.root, 0o3770)
+    publish_accounts(home)
     return {"user": user, "group": group}
+
+
+def publish_accounts(home):
+    """Every account and group of the console's (its prefix) as this machine has them, in the home's
+    root-owned .tcc/accounts: the other nodes of a gce cluster make the same names with the same uids
+    and gids from it (startup.sh's sync_accounts, from a loop and from each job's Prolog), so a job's
+    files on the shared home belong to the same account on every node."""
+    prefix = ACCOUNTS["prefix"]
+    groups = sorted((g for g in grp.getgrall() if g.gr_name.startswith(prefix)), key=lambda g: g.gr_gid)
+    users = sorted((u for u in pwd.getpwall() if u.pw_name.startswith(prefix)), key=lambda u: u.pw_uid)
+    lines = [f"group {g.gr_name} {g.gr_gid}" for g in groups]
+    lines += [f"user {u.pw_name} {u.pw_uid} {u.pw_gid}" for u in users]
+    lines += [f"member {m} {g.gr_name}" for g in groups for m in sorted(g.gr_mem) if m.startswith(prefix)]
+    data = base64.b64encode(("\n".join(lines) + "\n").encode()).decode()
+    op_write(home, {"path": ".tcc/accounts", "data": data, "mode": 0o644})
 
 
 def refresh_allowed(group, joined):

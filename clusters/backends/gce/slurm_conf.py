@@ -148,8 +148,8 @@ def render(cloud):
         f"HealthCheckInterval={settings.GCE_HEALTH_CHECK_INTERVAL}",
         "HealthCheckNodeState=ANY",
     ]
-    if slurm.get("prolog_bash_scripts"):
-        lines.append("Prolog=/etc/slurm/prolog.sh")
+    # Always: each node's Prolog takes the console's new accounts before the spec's prolog (startup.sh).
+    lines.append("Prolog=/etc/slurm/prolog.sh")
     if slurm.get("epilog_bash_scripts"):
         lines.append("Epilog=/etc/slurm/epilog.sh")
     enforce = (slurm.get("accounting") or {}).get("accounting_storage_enforce")

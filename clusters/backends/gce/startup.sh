@@ -93,9 +93,9 @@ restart() {  # restart NAME PROGRAM: end the service's program; it starts again 
   fi
 }
 
-listening() {  # listening PORT: wait up to 60 s until something accepts connections on it
+listening() {  # listening ADDRESS PORT: wait up to 60 s until something accepts connections there
   for _ in $(seq 300); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return 0
     sleep 0.2
   done
   return 1
@@ -127,11 +127,47 @@ USER_SCRIPT
 
 write_hooks() {  # the Prolog and Epilog from the metadata (configless slurmds are not sent them)
   mkdir -p /etc/slurm
-  for hook in prolog epilog; do
-    meta "instance/attributes/slurm-$hook" > "/etc/slurm/$hook.sh" || true
-    chmod 0755 "/etc/slurm/$hook.sh"
-  done
+  meta instance/attributes/slurm-epilog > /etc/slurm/epilog.sh || true
+  meta instance/attributes/slurm-prolog > /etc/slurm/prolog-spec.sh || true
+  # The Prolog (always in slurm.conf): this node takes the console's new accounts first, so a job of an
+  # account made a moment ago finds it here; then the spec's own prolog, whose exit status is the Prolog's.
+  {
+    echo '#!/bin/bash'
+    echo 'bash /run/tcc/startup.sh sync-accounts >/dev/null 2>&1 || true'
+    if [ -s /etc/slurm/prolog-spec.sh ]; then echo 'exec /etc/slurm/prolog-spec.sh'; fi
+  } > /etc/slurm/prolog.sh
+  chmod 0755 /etc/slurm/prolog.sh /etc/slurm/prolog-spec.sh /etc/slurm/epilog.sh
 }
+
+ACCOUNTS_FILE="$SHARED/.tcc/accounts"
+sync_accounts() {  # the console's accounts as the controller's agent made them: same names, uids and gids
+  local kind name id extra
+  [ "$ROLE" != controller ] || return 0  # made there by the agent
+  # The agent's own file (root's, in its root-owned .tcc/), never a link a member planted.
+  [ -f "$ACCOUNTS_FILE" ] && [ ! -L "$ACCOUNTS_FILE" ] && [ "$(stat -c %u "$ACCOUNTS_FILE")" = 0 ] || return 0
+  while read -r kind name id extra; do
+    [[ "$name" == "$ACCOUNT_PREFIX"* ]] || continue
+    case "$kind" in
+      group)
+        [[ "$id" =~ ^[0-9]+$ ]] && [ "$id" -ge 100 ] || continue
+        getent group "$name" >/dev/null || groupadd --system --gid "$id" "$name" ;;
+      user)
+        [[ "$id" =~ ^[0-9]+$ && "$extra" =~ ^[0-9]+$ ]] && [ "$id" -ge 100 ] || continue
+        getent passwd "$name" >/dev/null || useradd --system --no-create-home --shell /usr/sbin/nologin \
+          --uid "$id" --gid "$extra" --home-dir "$SHARED" "$name" ;;
+      member)
+        [[ "$id" == "$ACCOUNT_PREFIX"* ]] || continue
+        id -nG "$name" 2>/dev/null | tr ' ' '\n' | grep -qx "$id" || usermod --append --groups "$id" "$name" ;;
+    esac
+  done < "$ACCOUNTS_FILE"
+}
+if [ "${1:-}" = sync-accounts ]; then
+  sync_accounts
+  exit 0
+fi
+if [ "${1:-}" = watch-accounts ]; then  # and every few seconds, for logins and what runs outside jobs
+  while true; do sync_accounts || true; sleep 3; done
+fi
 
 write_conf() {  # slurm.conf (and gres.conf) from the metadata; true when it changed
   mkdir -p /etc/slurm
@@ -279,19 +315,21 @@ case "$ROLE" in
     write_conf || [ -s /etc/slurm/slurm.conf ] || fail "reading slurm.conf from the metadata"
     resolvable
     daemon tcc-slurmctld slurmctld -D
-    daemon tcc-slurmrestd env SLURM_JWT=daemon slurmrestd -a rest_auth/jwt -s openapi/v0.0.38 -u nobody "0.0.0.0:$SLURMRESTD_PORT"
+    # Both of the console's doors listen on the controller's internal address alone (not loopback, not a
+    # container bridge), where the cluster's firewall admits the console's range only.
+    ip=$(meta instance/network-interfaces/0/ip) || fail "reading the controller's address from the metadata"
+    daemon tcc-slurmrestd env SLURM_JWT=daemon slurmrestd -a rest_auth/jwt -s openapi/v0.0.38 -u nobody "$ip:$SLURMRESTD_PORT"
     # The cluster agent (the console's clusters/agent/server.py, standard library only): files under the
     # shared home, the Slurm actions slurmrestd lacks, TensorBoard. Its key is in Secret Manager too.
     meta instance/attributes/tcc-agent > /run/tcc/agent.py || fail "reading the cluster agent from the metadata"
     secret "$CLUSTER-agent-key" /run/tcc/agent.key || fail "reading the agent key from Secret Manager"
-    ip=$(meta instance/network-interfaces/0/ip) || fail "reading the controller's address from the metadata"
     daemon tcc-agent python3 /run/tcc/agent.py --home "$SHARED" --key-file /run/tcc/agent.key \
-      --listen "0.0.0.0:$AGENT_PORT" --slurm-conf /etc/slurm/slurm.conf \
+      --listen "$ip:$AGENT_PORT" --slurm-conf /etc/slurm/slurm.conf \
       --tensorboard-python "$NODE_PYTHON" --tensorboard-host "$ip" --account-prefix "$ACCOUNT_PREFIX"
     daemon tcc-conf-watch bash /run/tcc/startup.sh watch-conf
     # "done" means the console can reach the controller: both of its doors answer.
-    listening "$SLURMRESTD_PORT" || fail "slurmrestd is not listening on $SLURMRESTD_PORT (see /var/log/tcc-slurmrestd.log)"
-    listening "$AGENT_PORT" || fail "the cluster agent is not listening on $AGENT_PORT (see /var/log/tcc-agent.log)"
+    listening "$ip" "$SLURMRESTD_PORT" || fail "slurmrestd is not listening on $SLURMRESTD_PORT (see /var/log/tcc-slurmrestd.log)"
+    listening "$ip" "$AGENT_PORT" || fail "the cluster agent is not listening on $AGENT_PORT (see /var/log/tcc-agent.log)"
     ;;
   compute)
     mkdir -p /var/spool/slurmd
@@ -309,7 +347,9 @@ fi
 exit 0
 HEALTH
     chmod 0755 /etc/slurm/healthcheck.sh
-    write_hooks  # slurm.conf names /etc/slurm/prolog.sh and epilog.sh when the spec has them
+    write_hooks  # slurm.conf names /etc/slurm/prolog.sh (and epilog.sh when the spec has one)
+    sync_accounts
+    daemon tcc-accounts bash /run/tcc/startup.sh watch-accounts
     # The pool's own script runs before slurmd: a node whose setup failed never takes a job, and the
     # console reads the failure from the serial console instead of waiting for a node that never comes.
     user_startup
@@ -320,6 +360,8 @@ HEALTH
   login)
     write_conf || [ -s /etc/slurm/slurm.conf ] || fail "reading slurm.conf from the metadata"
     daemon tcc-conf-watch bash /run/tcc/startup.sh watch-conf
+    sync_accounts
+    daemon tcc-accounts bash /run/tcc/startup.sh watch-accounts
     ;;
 esac
 
