@@ -122,11 +122,11 @@ def main():
     started = [start_replica(model, core % cores) for core in range(2)]
     try:
         direct = asyncio.run(measure(started[0][1], {}, 1, False, SECONDS))
-        one = serve_router(project, [(1, started[0][1], "tiny:v1")])
+        one = serve_router(project, [(1, started[0][1], "tiny:v1", "")])
         through = asyncio.run(measure(one, headers, 1, False, SECONDS))
         print(f"router overhead, 1 client: p50 {through['p50_ms']} ms through it / {direct['p50_ms']} ms direct = "
               f"{through['p50_ms'] / direct['p50_ms']:.2f}x")  # fmt: skip
-        two = serve_router(project, [(1, started[0][1], "tiny:v1"), (2, started[1][1], "tiny:v1")])
+        two = serve_router(project, [(1, started[0][1], "tiny:v1", ""), (2, started[1][1], "tiny:v1", "")])
         single = asyncio.run(measure(one, headers, 50, False, SECONDS))
         double = asyncio.run(measure(two, headers, 50, False, SECONDS))
         print(f"50 clients: 1 replica {single['requests_per_s']} req/s, 2 replicas {double['requests_per_s']} req/s "

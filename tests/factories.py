@@ -5,6 +5,8 @@ Test modules import these, never each other."""
 import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -115,3 +117,16 @@ def idle_nodes(cluster):
 
 def slurmd_pids(cluster, node):
     return processes.find_pids("slurmd", str(get_backend("local").paths(cluster).conf), node)
+
+
+def call(base, path, body=None, token=None, raw=None):
+    """(status, JSON answer) of one request to `base` (a router, a replica): POST with a body, else GET."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(f"{base}{path}", data=data, method="POST" if data is not None else "GET")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")

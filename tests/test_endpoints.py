@@ -22,7 +22,7 @@ from recipes import registry
 from recipes.models import Endpoint, EndpointStatus, Replica, ReplicaState
 
 from .conftest import Worker, api_client_for, example_spec, purge_queue, stop_local_clusters, wait_until
-from .factories import a_version, fresh
+from .factories import a_version, call, fresh
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -71,19 +71,6 @@ def router(tmp_path_factory):
     yield base, log
     process.terminate()
     process.wait(timeout=20)
-
-
-def call(base, path, body=None, token=None, raw=None):
-    """(status, JSON answer) of one request through the router."""
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(f"{base}{path}", data=data, method="POST" if data is not None else "GET")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
 
 
 class Client(threading.Thread):

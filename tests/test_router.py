@@ -21,7 +21,7 @@ from console.models import APIToken
 from recipes.serving import router as routing
 
 from .conftest import wait_until
-from .factories import tiny_model
+from .factories import call, tiny_model
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REPLICA_TOKEN = "replica-token-the-router-alone-holds"
@@ -104,7 +104,7 @@ def test_a_request_a_replica_may_have_started_is_never_sent_to_another(alpha, al
     _, token = APIToken.issue(alice, "router")
     dying = Dying()
     dying.start()
-    replicas = [(1, f"http://127.0.0.1:{dying.port}", "tiny:v1"), (2, replica, "tiny:v1", REPLICA_TOKEN)]
+    replicas = [(1, f"http://127.0.0.1:{dying.port}", "tiny:v1", ""), (2, replica, "tiny:v1", REPLICA_TOKEN)]
     [(status, body)] = through(alpha, replicas, [completion(token)])
     assert (status, body["error"]["message"]) == (502, "the replica closed the connection")
     assert dying.requests == 1  # and the healthy replica never saw it (a retry would have answered 200)
@@ -112,7 +112,7 @@ def test_a_request_a_replica_may_have_started_is_never_sent_to_another(alpha, al
 
 def test_a_request_no_replica_received_is_retried_on_another(alpha, alice, replica):
     _, token = APIToken.issue(alice, "router")
-    refused = (1, f"http://127.0.0.1:{free_port()}", "tiny:v1")
+    refused = (1, f"http://127.0.0.1:{free_port()}", "tiny:v1", "")
     answers = through(alpha, [refused, (2, replica, "tiny:v1", REPLICA_TOKEN)], [completion(token), completion(token)])
     assert [status for status, _ in answers] == [200, 200]
     assert answers[0][1]["model"] == "chat" and answers[0][1]["system_fingerprint"] == "tiny:v1"
@@ -177,7 +177,7 @@ def test_past_its_replicas_room_and_queue_a_request_gets_429_with_retry_after_at
 
         return await asyncio.gather(*(one() for _ in range(7)))
 
-    [answers] = through(alpha, [(1, f"http://127.0.0.1:{slow.port}", "tiny:v1")], [burst])
+    [answers] = through(alpha, [(1, f"http://127.0.0.1:{slow.port}", "tiny:v1", "")], [burst])
     served = [a for a in answers if a[0] == 200]
     refused = [a for a in answers if a[0] == 429]
     assert (len(served), len(refused)) == (4, 3)  # 2 at once on the replica, 2 queued; the rest refused
@@ -190,7 +190,7 @@ def test_past_its_replicas_room_and_queue_a_request_gets_429_with_retry_after_at
 def test_a_replica_failing_health_is_ejected_and_routed_again_once_it_passes(alpha, settings, replica):
     settings.ROUTER_HEALTH_EJECT_AFTER = 2
     port = free_port()
-    quiet = (1, f"http://127.0.0.1:{port}", "tiny:v1")
+    quiet = (1, f"http://127.0.0.1:{port}", "tiny:v1", "")
 
     async def main():
         router = routing.Router()
@@ -253,26 +253,12 @@ def test_a_replica_answers_its_router_alone(alpha, alice, replica):
     """The attack: another member's job on the node (or anyone who reaches it) finds the replica's port and
     sends it requests directly, past the router's token check, project rule and limits. It answered 200
     before; now only the router's per-replica token is admitted (/health stays open for probes)."""
-    import urllib.error
-    import urllib.request
-
-    def direct(path, token=None, body=None):
-        request = urllib.request.Request(replica + path, data=json.dumps(body).encode() if body else None,
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
-        if token:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=30) as answer:
-                return answer.status, json.loads(answer.read())
-        except urllib.error.HTTPError as refused:
-            return refused.code, json.loads(refused.read())
-
     prompt = {"prompt": "hi", "max_tokens": 2}
     for token in (None, "a-guess", REPLICA_TOKEN + "x"):
         for path, body in (("/v1/completions", prompt), ("/v1/models", None), ("/predict", {"instances": ["hi"]})):
-            status, answer = direct(path, token, body)
+            status, answer = call(replica, path, body, token)
             assert (status, answer["error"]["code"]) == (401, "invalid_api_key"), (path, token)
-    assert direct("/health")[0] == 200
+    assert call(replica, "/health")[0] == 200
     _, console_token = APIToken.issue(alice, "router")
     [(status, body)] = through(alpha, [(2, replica, "tiny:v1", REPLICA_TOKEN)], [completion(console_token)])
     assert status == 200 and body["choices"][0]["text"] is not None

@@ -56,7 +56,7 @@ log = logging.getLogger("recipes.router")
 class Route:
     endpoint_id: int
     project_id: int
-    replicas: list  # [(replica id, url, version "name:vN"[, the replica's bearer token])]
+    replicas: list  # [(replica id, url, version "name:vN", the replica's bearer token or "")]
     version: str = ""
     name: str = ""  # what the replicas serve (the endpoint's name): every request's model is rewritten to it
     names: tuple = ()  # the models a client may ask for
@@ -348,7 +348,7 @@ class Router:
                 return failure(message, 429, code="rate_limit_exceeded")
             if chosen is None:
                 break
-            replica_id, url, version, token = (*chosen, "")[:4]
+            replica_id, url, version, token = chosen
             tried.add(replica_id)
             self.in_flight[replica_id] = self.in_flight.get(replica_id, 0) + 1
             headers = {"Content-Type": "application/json"}

@@ -134,12 +134,12 @@ class GceBackend(Backend):
                 items.append(("VPC peering", n.console_peering, f"with the console's {settings.GCE_CONSOLE_NETWORK}"))
             if net.get("cloud_nat"):
                 items.append(("Cloud NAT", n.router, "outbound internet for the nodes (no external addresses)"))
-        if not (spec.get("runtime_spec") or {}).get("service_account") and settings.GCE_SERVICE_ACCOUNT == "cluster":
+        if identity.makes_account(spec):
             roles = ", ".join(r.removeprefix("roles/") for r in settings.GCE_NODE_PROJECT_ROLES)
             items.append(
                 (
                     "Service account",
-                    f"{n.service_account_id}@{project.gcp_project_id or 'PROJECT'}.iam.gserviceaccount.com",
+                    identity.cluster_email(n, project.gcp_project_id or "PROJECT"),
                     "the nodes' identity: its own keys and buckets" + (f"; {roles}" if roles else ""),
                 )
             )

@@ -26,26 +26,27 @@ from django.conf import settings
 from ...work import PermanentBackendError, TransientBackendError
 from .errors import SERVICE_ACCOUNT_UNSEEN
 from .names import MARKER
-from .storage import revoke_buckets
 
-# What IAM and the APIs that take members answer for an account they do not see yet.
-UNSEEN = SERVICE_ACCOUNT_UNSEEN
+
+def makes_account(spec):
+    """True when a cluster of this spec runs as an account the console makes for it (no account named)."""
+    return not (spec.get("runtime_spec") or {}).get("service_account") and settings.GCE_SERVICE_ACCOUNT == "cluster"
 
 
 def per_cluster(cloud):
-    """True when this cluster's VMs run as an account the console makes for the cluster."""
-    named = (cloud.spec.get("runtime_spec") or {}).get("service_account")
-    return not named and settings.GCE_SERVICE_ACCOUNT == "cluster"
+    return makes_account(cloud.spec)
+
+
+def cluster_email(n, project):
+    """The email of the account the console makes for the cluster of names `n` in `project`."""
+    return f"{n.service_account_id}@{project}.iam.gserviceaccount.com"
 
 
 def email(cloud):
     """The email the cluster's VMs run as ("default": the project's Compute Engine default account)."""
-    named = (cloud.spec.get("runtime_spec") or {}).get("service_account")
-    if named:
-        return named
-    if settings.GCE_SERVICE_ACCOUNT == "cluster":
-        return f"{cloud.n.service_account_id}@{cloud.project}.iam.gserviceaccount.com"
-    return settings.GCE_SERVICE_ACCOUNT
+    if per_cluster(cloud):
+        return cluster_email(cloud.n, cloud.project)
+    return (cloud.spec.get("runtime_spec") or {}).get("service_account") or settings.GCE_SERVICE_ACCOUNT
 
 
 def member(cloud):
@@ -101,7 +102,7 @@ def create_service_account(cloud):
     set_project_roles(cloud, add=True)
 
 
-def retried(cloud, call, what):
+def retried(call):
     """call() again while its error says the nodes' new account is not seen yet (IAM's propagation)."""
     deadline = time.monotonic() + settings.GCE_IAM_PROPAGATION_TIMEOUT
     delay = settings.GCE_POLL_INTERVAL
@@ -109,7 +110,7 @@ def retried(cloud, call, what):
         try:
             return call()
         except Exception as exc:  # re-raised unless it is IAM's propagation delay
-            if not UNSEEN.search(str(getattr(exc, "message", exc))) or time.monotonic() > deadline:
+            if not SERVICE_ACCOUNT_UNSEEN.search(str(getattr(exc, "message", exc))) or time.monotonic() > deadline:
                 raise
         time.sleep(delay)
         delay = min(delay * 2, 10)
@@ -122,7 +123,7 @@ def set_project_roles(cloud, *, add):
     if not settings.GCE_NODE_PROJECT_ROLES:
         return
     for _attempt in range(5):
-        if retried(cloud, lambda: write_project_roles(cloud, add), "granting the nodes' project roles"):
+        if retried(lambda: write_project_roles(cloud, add)):
             return
     raise TransientBackendError("the project's IAM policy kept changing while the console wrote it; retrying")
 
@@ -136,23 +137,9 @@ def write_project_roles(cloud, add):
     if not read.ok:
         raise answer_error(read, "reading the project's IAM policy")
     policy = read.json()
-    bindings = policy.setdefault("bindings", [])
-    changed = False
-    for role in settings.GCE_NODE_PROJECT_ROLES:
-        binding = next((b for b in bindings if b.get("role") == role and not b.get("condition")), None)
-        members = binding.get("members", []) if binding else []
-        if add and who not in members:
-            if binding is None:
-                binding = {"role": role, "members": []}
-                bindings.append(binding)
-            binding.setdefault("members", []).append(who)
-            changed = True
-        elif not add and who in members:
-            members.remove(who)
-            changed = True
-    if not changed:
+    changed = [set_member(policy, role, who, add=add) for role in settings.GCE_NODE_PROJECT_ROLES]
+    if not any(changed):
         return True
-    policy["bindings"] = [b for b in bindings if b.get("members")]
     written = session.post(f"{base}:setIamPolicy", json={"policy": policy})
     if written.status_code == 409:
         return False
@@ -169,11 +156,32 @@ def delete_service_account(cloud):
     found = read_account(cloud, session)
     if found is None or MARKER not in (found.get("description") or ""):
         return  # gone already, or not the console's: leave it
+    from .storage import revoke_buckets
+
     set_project_roles(cloud, add=False)
     revoke_buckets(cloud)
     gone = session.delete(account_url(cloud))
     if gone.status_code not in (200, 404):
         raise answer_error(gone, f"deleting service account {email(cloud)}")
+
+
+def set_member(policy, role, member, *, add):
+    """`member` into (add) or out of the policy's unconditional binding of `role`, in a JSON IAM policy
+    (bindings left empty go); True when the policy changed."""
+    bindings = policy.setdefault("bindings", [])
+    binding = next((b for b in bindings if b.get("role") == role and not b.get("condition")), None)
+    members = binding.get("members", []) if binding else []
+    if add == (member in members):
+        return False
+    if add:
+        if binding is None:
+            binding = {"role": role, "members": []}
+            bindings.append(binding)
+        binding.setdefault("members", []).append(member)
+    else:
+        members.remove(member)
+        policy["bindings"] = [b for b in bindings if b.get("members")]
+    return True
 
 
 def answer_error(answer, what):

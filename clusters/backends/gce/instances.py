@@ -9,7 +9,7 @@ from ...choices import NodeRole, NodeState
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from ...work import PermanentBackendError, TransientBackendError, heartbeat
-from . import fabric, slurm_conf
+from . import fabric, identity, slurm_conf
 from .errors import map_api_error
 from .names import OWNER_LABEL, is_gpu_pool, owner_and_name
 
@@ -37,13 +37,6 @@ def create_placement(cloud, pool):
 
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
-
-
-def service_account(cloud):
-    """The email the cluster's VMs run as (identity.py: the cluster's own account by default)."""
-    from .identity import email
-
-    return email(cloud)
 
 
 def image_for(pool, role):
@@ -164,7 +157,7 @@ def instance_properties(cloud, pool, role, in_template=True):
         scheduling=scheduling_for(pool),
         # The munge key read at boot and gcsfuse need Google APIs: the spec's service account (or the
         # project's default one), with the cloud-platform scope; IAM then decides what it may do.
-        service_accounts=[compute_v1.ServiceAccount(email=service_account(cloud), scopes=[CLOUD_PLATFORM])],
+        service_accounts=[compute_v1.ServiceAccount(email=identity.email(cloud), scopes=[CLOUD_PLATFORM])],
         metadata=compute_v1.Metadata(
             items=[
                 compute_v1.Items(key="startup-script", value=slurm_conf.startup_script(cloud, pool, role)),

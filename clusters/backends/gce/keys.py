@@ -82,7 +82,7 @@ def grant_nodes(cloud, name):
         cloud.c.secrets.set_iam_policy(request={"resource": name, "policy": policy})
 
     try:
-        identity.retried(cloud, grant, f"granting the nodes access to {name}")
+        identity.retried(grant)
     except exceptions.GoogleAPICallError as exc:
         raise map_api_error(exc, f"granting the nodes access to {name}") from None
 

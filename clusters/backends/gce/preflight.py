@@ -13,6 +13,7 @@ from django.conf import settings
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from ..base import Finding
+from .identity import makes_account
 from .names import gpu_count, owner_and_name
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
@@ -37,7 +38,7 @@ def needed_apis(spec):
         apis["lustre.googleapis.com"] = "Managed Lustre"
     if storage.get("filestore_home") or storage.get("lustre"):
         apis["servicenetworking.googleapis.com"] = "Service Networking (private services access)"
-    if not (spec.get("runtime_spec") or {}).get("service_account") and settings.GCE_SERVICE_ACCOUNT == "cluster":
+    if makes_account(spec):
         apis["iam.googleapis.com"] = "IAM (the cluster's own service account)"
     return apis
 

@@ -11,6 +11,7 @@ from django.conf import settings
 
 from ...spec.console_block import storage_tiers
 from ...work import PermanentBackendError, TransientBackendError, heartbeat
+from . import identity
 from .errors import map_api_error
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
@@ -155,8 +156,6 @@ def ensure_buckets(cloud):
     bucket-level access when it does not exist (and kept after the cluster: checkpoints outlive it), and
     the nodes' service account gets objectUser on it so gcsfuse can read and write.
     https://cloud.google.com/storage/docs/creating-buckets, https://cloud.google.com/storage/docs/uniform-bucket-level-access"""
-    from . import identity
-
     session, base = cloud.c.session(), f"{cloud.c.rest_url('storage')}/storage/v1"
     member = identity.member(cloud)
     for bucket in cloud.storage.get("gcs_buckets", []):
@@ -186,9 +185,7 @@ def ensure_buckets(cloud):
             )
         elif not found.ok:
             raise TransientBackendError(f"reading bucket {name}: {found.status_code}")
-        identity.retried(
-            cloud, lambda name=name: set_bucket_member(session, base, name, member, add=True), f"granting {name}"
-        )
+        identity.retried(lambda name=name: set_bucket_member(session, base, name, member, add=True))
 
 
 def set_bucket_member(session, base, name, member, *, add):
@@ -199,19 +196,8 @@ def set_bucket_member(session, base, name, member, *, add):
     if not policy.ok:
         raise PermanentBackendError(f"reading bucket {name}'s IAM policy: {policy.status_code}")
     body = policy.json()
-    bindings = body.setdefault("bindings", [])
-    binding = next((b for b in bindings if b.get("role") == OBJECT_USER), None)
-    members = binding.get("members", []) if binding else []
-    if add == (member in members):
+    if not identity.set_member(body, OBJECT_USER, member, add=add):
         return
-    if add:
-        if binding is None:
-            binding = {"role": OBJECT_USER, "members": []}
-            bindings.append(binding)
-        binding.setdefault("members", []).append(member)
-    else:
-        members.remove(member)
-        body["bindings"] = [b for b in bindings if b.get("members")]
     written = session.put(f"{base}/b/{name}/iam", json=body)
     if not written.ok:
         verb = "granting the nodes access to" if add else "revoking the nodes' access to"
@@ -220,8 +206,6 @@ def set_bucket_member(session, base, name, member, *, add):
 
 def revoke_buckets(cloud):
     """The cluster's account off the buckets it mounted (they outlive the cluster; its account does not)."""
-    from . import identity
-
     session, base = cloud.c.session(), f"{cloud.c.rest_url('storage')}/storage/v1"
     member = identity.member(cloud)
     for bucket in cloud.storage.get("gcs_buckets", []):
