@@ -6,6 +6,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -219,8 +220,6 @@ ENDPOINT_RECONCILE_SECONDS = envfloat("ENDPOINT_RECONCILE_SECONDS", 5.0)
 ENDPOINT_SCALE_WINDOW_SECONDS = envfloat("ENDPOINT_SCALE_WINDOW_SECONDS", 30.0)
 ENDPOINT_SCALE_COOLDOWN_SECONDS = envfloat("ENDPOINT_SCALE_COOLDOWN_SECONDS", 60.0)
 ENDPOINT_SCALE_DOWN_IDLE_SECONDS = envfloat("ENDPOINT_SCALE_DOWN_IDLE_SECONDS", 300.0)
-# A draining replica gets no new request once every router has refreshed; it is stopped after this.
-ENDPOINT_DRAIN_SECONDS = envfloat("ENDPOINT_DRAIN_SECONDS", 30.0)
 ROUTER_HOST = env("ROUTER_HOST", "127.0.0.1")
 ROUTER_PORT = envint("ROUTER_PORT", 8100)
 ROUTER_REFRESH_SECONDS = envfloat("ROUTER_REFRESH_SECONDS", 1.0)
@@ -229,6 +228,17 @@ ROUTER_TOKEN_CACHE_SECONDS = envfloat("ROUTER_TOKEN_CACHE_SECONDS", 10.0)
 ROUTER_TOKEN_CACHE_SIZE = envint("ROUTER_TOKEN_CACHE_SIZE", 10000)  # tokens remembered at once (a bounded LRU)
 ROUTER_REQUEST_TIMEOUT = envfloat("ROUTER_REQUEST_TIMEOUT", 120.0)
 ROUTER_CONNECT_TIMEOUT = envfloat("ROUTER_CONNECT_TIMEOUT", 3.0)  # a replica that takes longer is skipped
+# A draining replica gets no new request once every router has re-read its table; it is stopped as soon
+# as it has no request in flight, and at the latest after this: a request sent just before the drain
+# may run ROUTER_REQUEST_TIMEOUT, so less would cut it (refused below).
+ENDPOINT_DRAIN_SECONDS = envfloat(
+    "ENDPOINT_DRAIN_SECONDS", ROUTER_REQUEST_TIMEOUT + 2 * ROUTER_REFRESH_SECONDS + ROUTER_CONNECT_TIMEOUT
+)
+if ENDPOINT_DRAIN_SECONDS < ROUTER_REQUEST_TIMEOUT:
+    raise ImproperlyConfigured(
+        f"ENDPOINT_DRAIN_SECONDS ({ENDPOINT_DRAIN_SECONDS:g}) must be at least ROUTER_REQUEST_TIMEOUT "
+        f"({ROUTER_REQUEST_TIMEOUT:g}): a draining replica would be stopped under requests still allowed to run"
+    )
 # Connections to replicas the router holds open at once (aiohttp's default, 100, queued the 101st request).
 ROUTER_MAX_CONNECTIONS = envint("ROUTER_MAX_CONNECTIONS", 1024)
 # Requests a replica is given at once; past that, requests wait in a bounded queue per endpoint

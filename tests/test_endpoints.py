@@ -3,7 +3,7 @@ on a real local cluster serving a tiny model (recipes/node/serve.py), a real rou
 (`manage.py router`) sits in front, and a real Celery worker with beat reconciles and autoscales.
 
 alice runs project "alpha"; charlie is an outsider. Timings are the tests' (reconcile every 1 s,
-samples every 1 s, scale after 4 s, idle after 8 s, drain after 4 s).
+samples every 1 s, scale after 4 s, idle after 8 s, requests of at most 10 s).
 """
 
 import json
@@ -32,7 +32,7 @@ FAST = {
     "ENDPOINT_SCALE_WINDOW_SECONDS": 4,
     "ENDPOINT_SCALE_COOLDOWN_SECONDS": 4,
     "ENDPOINT_SCALE_DOWN_IDLE_SECONDS": 8,
-    "ENDPOINT_DRAIN_SECONDS": 4,
+    "ROUTER_REQUEST_TIMEOUT": 10,  # and so a drain of at most 13.6 s (10 + 2 x 0.3 + 3)
     "ROUTER_SAMPLE_SECONDS": 1,
     "ROUTER_REFRESH_SECONDS": 0.3,
 }
@@ -522,6 +522,127 @@ def test_a_replica_is_reached_where_slurm_runs_its_job_never_where_its_announce_
     stored.save()
     replicas.follow(stored)
     assert Replica.objects.get(pk=replica.pk).host == ""  # a port below 1024 is no replica's
+
+
+class Saying(threading.Thread):
+    """A stand-in replica whose /health and /metrics answer what `said` holds (path -> body)."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        super().__init__(daemon=True)
+        said = self.said = {}
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = said.get(self.path, "").encode()
+                self.send_response(200 if self.path in said else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+
+    def run(self):
+        self.server.serve_forever()
+
+
+@pytest.mark.django_db
+def test_a_draining_replica_keeps_its_requests_until_they_end_or_the_request_timeout_passes(
+    scripted, alpha, alice, settings
+):
+    """A request may run ROUTER_REQUEST_TIMEOUT (120 s); the drain stopped a replica 30 s after it began,
+    whatever it was still answering. Now it waits for the replica's own count of requests in flight
+    (serve.py's /health, vLLM's /metrics) to reach 0, and never less than the routers need to stop
+    sending (two table refreshes and a connect)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from clusters import services
+    from clusters.models import Cluster
+    from clusters.operations import engine
+    from clusters.slurm.states import JobStatus
+    from recipes.models import ModelVersion
+    from recipes.serving.replicas import drained
+
+    from .conftest import scripted_spec
+
+    assert settings.ENDPOINT_DRAIN_SECONDS >= settings.ROUTER_REQUEST_TIMEOUT == 120
+    engine.run(services.create_cluster(project=alpha, name="ok", spec=scripted_spec(cpu=2), user=alice).pk)
+    version = ModelVersion.objects.create(project=alpha, name="llama", version=1, family="llama", checkpoint="x",
+                                          step=1)  # fmt: skip
+    endpoint = Endpoint.objects.create(project=alpha, cluster=Cluster.objects.get(name="ok"), name="chat",
+                                       model_name="llama", version=1)  # fmt: skip
+    replica_at = Saying()
+    replica_at.start()
+    replica = Replica.objects.create(endpoint=endpoint, version=version, version_ref="llama:v1", slurm_job_id=77,
+                                     host="127.0.0.1", port=replica_at.port, state=ReplicaState.DRAINING)  # fmt: skip
+    running = JobStatus(job_id=77, name="serve", user="alice", state="RUNNING", partition="cpu", node_count=1,
+                        nodes="cpu-1")  # fmt: skip
+    scripted.job_status = lambda cluster, job_id: running
+    now = timezone.now()
+
+    def after(seconds):
+        replica.draining_at = now - timedelta(seconds=seconds)
+        return drained(replica, now)
+
+    replica_at.said["/health"] = json.dumps({"status": "ok", "in_flight": 0})
+    assert after(1) is None  # a router may not have re-read its table yet
+    replica_at.said["/health"] = json.dumps({"status": "ok", "in_flight": 1})
+    assert after(60) is None  # one request, 60 s into its 120: stopped here before
+    replica_at.said["/health"] = json.dumps({"status": "ok", "in_flight": 0})
+    assert after(60) == "drained: no request in flight"
+    # vLLM: an empty /health, the counts in its Prometheus metrics.
+    replica_at.said["/health"] = ""
+    replica_at.said["/metrics"] = (
+        '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="chat"} 0.0\n'
+        'vllm:num_requests_waiting{model_name="chat"} 2.0\n'
+    )
+    assert after(60) is None
+    replica_at.said["/metrics"] = replica_at.said["/metrics"].replace("2.0", "0.0")
+    assert after(60) == "drained: no request in flight"
+    # Still busy when the request timeout has passed: nothing of the routers' can still be waiting.
+    replica_at.said["/metrics"] = replica_at.said["/metrics"].replace("0.0", "3.0")
+    assert after(settings.ENDPOINT_DRAIN_SECONDS + 1).startswith("drained: 125 s passed")  # 120 + 2 x 1 + 3
+    # Silent, and its job is over: nothing left to wait for.
+    replica_at.server.shutdown()
+    replica_at.server.server_close()
+    assert after(60) is None  # Slurm still runs its job: wait for the timeout
+    scripted.job_status = lambda cluster, job_id: None
+    assert after(60) == "its job ended while draining"
+
+
+def test_a_replica_counts_its_requests_in_flight_on_its_health(monkeypatch):
+    from http.server import ThreadingHTTPServer
+
+    from recipes.node import serve
+
+    release = threading.Event()
+
+    class Blocking:
+        name, version = "chat", "tiny:v1"
+
+        def complete(self, prompt, options):
+            release.wait(20)
+            return "ok", "stop", {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), serve.handler_for(Blocking()))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    health = lambda: json.loads(urllib.request.urlopen(f"{base}/health", timeout=5).read())["in_flight"]  # noqa: E731
+    assert health() == 0
+    asking = threading.Thread(target=call, args=(base, "/v1/completions", {"prompt": "hi"}), daemon=True)
+    asking.start()
+    wait_until(lambda: health() == 1, timeout=10, message="the request in flight")
+    release.set()
+    asking.join(10)
+    assert health() == 0
+    server.shutdown()
 
 
 def test_a_stream_of_made_up_tokens_costs_one_lookup_each_and_never_the_routers_memory(settings, monkeypatch):

@@ -141,7 +141,7 @@ class Slow(threading.Thread):
         super().__init__(daemon=True)
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port, self.seconds, self.most, self.now = self.server.getsockname()[1], seconds, 0, 0
-        self.lock = threading.Lock()
+        self.lock, self.requests = threading.Lock(), 0
 
     def run(self):
         while True:
@@ -151,6 +151,7 @@ class Slow(threading.Thread):
     def answer(self, connection):
         with self.lock:
             self.now += 1
+            self.requests += 1
             self.most = max(self.most, self.now)
         connection.recv(65536)
         time.sleep(self.seconds)
@@ -185,6 +186,43 @@ def test_past_its_replicas_room_and_queue_a_request_gets_429_with_retry_after_at
     assert all(retry == "3" and seconds < 0.5 for _, retry, _, seconds in refused)  # at once, with a delay
     assert refused[0][2]["error"]["code"] == "rate_limit_exceeded"
     assert max(seconds for *_, seconds in served) >= 2.0  # the queued two waited for a free slot
+
+
+def test_a_queued_request_goes_to_a_replica_of_the_latest_table_never_one_drained_meanwhile(alpha, alice, settings):
+    """A roll drains the old replica while a request waits in the queue for it: the request goes to the
+    new replica as soon as the routers' table has it. It went to the old one once that was free (the
+    table of its arrival), after the drain began: a drain could cut it."""
+    settings.ROUTER_REPLICA_CONCURRENCY = 1
+    _, token = APIToken.issue(alice, "router")
+    old, new = Slow(1.5), Slow(0.1)
+    old.start()
+    new.start()
+
+    async def roll_while_one_waits(client):
+        router = client.server.app["router"]
+
+        async def send():
+            started = time.monotonic()
+            answer = await client.post("/alpha/chat/v1/completions", json={"model": "chat", "prompt": "hi"},
+                                       headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+            return answer.status, time.monotonic() - started
+
+        first = asyncio.create_task(send())
+        await asyncio.sleep(0.3)
+        second = asyncio.create_task(send())
+        await asyncio.sleep(0.3)
+        queued = dict(router.waiting)
+        rolled = [(2, f"http://127.0.0.1:{new.port}", "tiny:v2", "")]
+        router.routes = {("alpha", "chat"): routing.Route(1, alpha.pk, rolled, "tiny:v2", "chat", ("chat",))}
+        await router.wake_waiting()  # what each refresh of the table does
+        return queued, await first, await second
+
+    [(queued, first, second)] = through(alpha, [(1, f"http://127.0.0.1:{old.port}", "tiny:v1", "")],
+                                        [roll_while_one_waits])  # fmt: skip
+    assert queued == {1: 1}  # the second request waited behind the first
+    assert first[0] == second[0] == 200
+    assert (old.requests, new.requests) == (1, 1)
+    assert second[1] < 1.2  # taken by the new replica at once, not after the old one was free (1.5 s)
 
 
 def test_a_replica_failing_health_is_ejected_and_routed_again_once_it_passes(alpha, settings, replica):

@@ -61,6 +61,17 @@ def test_check_deploy_is_clean_with_the_documented_production_settings(tmp_path)
     assert "no issues" in result.stdout
 
 
+def test_it_refuses_a_drain_shorter_than_the_requests_it_would_cut(tmp_path):
+    """A drain stops a replica at the latest ENDPOINT_DRAIN_SECONDS after it began; a request may run
+    ROUTER_REQUEST_TIMEOUT. The old default (30 s against 120 s) cut long requests mid-answer."""
+    shown = run_manage("shell", "-v0", "-c", "from django.conf import settings; print(settings.ENDPOINT_DRAIN_SECONDS)",
+                       CONSOLE_VAR_DIR=str(tmp_path))  # fmt: skip
+    assert shown.returncode == 0 and float(shown.stdout) == 125.0, shown.stderr  # 120 + 2 refreshes + a connect
+    refused = run_manage("check", ENDPOINT_DRAIN_SECONDS="30", CONSOLE_VAR_DIR=str(tmp_path))
+    assert refused.returncode != 0
+    assert "ENDPOINT_DRAIN_SECONDS (30) must be at least ROUTER_REQUEST_TIMEOUT (120)" in refused.stderr
+
+
 def test_it_throttles_sign_ins_after_five_failures_for_a_username(client, alice, bob):
     for _ in range(5):
         assert client.post("/accounts/login/", {"username": "alice", "password": "wrong"}).status_code == 200

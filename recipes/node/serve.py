@@ -6,7 +6,7 @@ same way.
     python -m recipes.node.serve --model FOLDER --served-name NAME --version NAME:vN --announce FILE \
         [--token-file FILE] [--engine vllm]
 
-    GET  /health                   200 once the model is loaded
+    GET  /health                   200 once the model is loaded: {"status", "version", "in_flight"}
     GET  /v1/models                {"object": "list", "data": [{"id": NAME, ...}]}
     POST /v1/completions           {"prompt", "max_tokens"=16, "temperature"=0} -> OpenAI's text_completion
     POST /v1/chat/completions      {"messages": [{"role", "content"}], ...}     -> OpenAI's chat.completion
@@ -211,7 +211,24 @@ def chat_prompt(messages):
     return "\n".join(lines) + "\nassistant:"
 
 
+class Counter:
+    """Requests being answered (a drain stops the replica once this is 0)."""
+
+    def __init__(self):
+        self.value, self.lock = 0, threading.Lock()
+
+    def __enter__(self):
+        with self.lock:
+            self.value += 1
+
+    def __exit__(self, *exc):
+        with self.lock:
+            self.value -= 1
+
+
 def handler_for(model, token=""):
+    busy = Counter()
+
     class Handler(BaseHTTPRequestHandler):
         server_version = "tcc-replica/1"
         protocol_version = "HTTP/1.1"
@@ -260,7 +277,7 @@ def handler_for(model, token=""):
 
         def do_GET(self):
             if self.path == "/health":
-                return self.answer(HTTPStatus.OK, {"status": "ok", "version": model.version})
+                return self.answer(HTTPStatus.OK, {"status": "ok", "version": model.version, "in_flight": busy.value})
             if not self.admitted():
                 return None
             if self.path == "/v1/models":
@@ -272,6 +289,10 @@ def handler_for(model, token=""):
         def do_POST(self):
             if not self.admitted():
                 return
+            with busy:
+                self.post()
+
+        def post(self):
             try:
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > MAX_BODY:

@@ -11,8 +11,9 @@ endpoint towards what it should be, idempotently:
     roll        the version wanted (the alias resolved in MLflow) differs from the replicas' -> start
                 `desired` replicas of it; once they all answer /health, drain the old ones
     replicas    STARTING -> READY when its announce file is written and /health answers; READY ->
-                DRAINING (no new requests) -> STOPPED (scancel) after ENDPOINT_DRAIN_SECONDS, more than
-                the router's refresh plus the longest request; a job that ended -> FAILED and replaced
+                DRAINING (no new requests once the routers re-read their table) -> STOPPED (scancel)
+                once it has no request in flight, at the latest after ENDPOINT_DRAIN_SECONDS (at least
+                the router's request timeout); a job that ended -> FAILED and replaced
 
 Every scale, roll and replica change is an EndpointEvent on the endpoint's timeline.
 """

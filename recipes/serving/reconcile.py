@@ -3,7 +3,6 @@ docstring): replicas followed, autoscaled, rolled to the wanted version, drained
 
 from datetime import timedelta
 
-from django.conf import settings
 from django.utils import timezone
 
 from console.errors import ConsoleError
@@ -11,7 +10,7 @@ from console.errors import ConsoleError
 from ..models import Endpoint, EndpointStatus, ModelVersion, ReplicaState
 from .autoscale import autoscale
 from .endpoints import event
-from .replicas import drain, follow, start, stop, wanted_version
+from .replicas import drain, drained, follow, start, stop, wanted_version
 
 
 def reconcile(endpoint):
@@ -53,9 +52,10 @@ def reconcile(endpoint):
     if old and len(ready) >= min(endpoint.desired_replicas, len(current)):
         for replica in old:
             drain(replica, f"replaced by {want.ref}")
-    grace = now - timedelta(seconds=settings.ENDPOINT_DRAIN_SECONDS)
-    for replica in endpoint.replicas.filter(state=ReplicaState.DRAINING, draining_at__lt=grace):
-        stop(replica, why="drained")
+    for replica in endpoint.replicas.filter(state=ReplicaState.DRAINING):
+        why = drained(replica, now)
+        if why:
+            stop(replica, why=why)
     routed = endpoint.replicas.filter(state=ReplicaState.READY)
     status = (EndpointStatus.ROLLING if routed.exclude(version=want).exists() else EndpointStatus.READY) if (
         routed.exists()) else EndpointStatus.STARTING  # fmt: skip

@@ -7,6 +7,7 @@ import secrets
 import shlex
 import urllib.request
 
+from django.conf import settings
 from django.utils import timezone
 
 from clusters import services as clusters
@@ -81,6 +82,50 @@ def healthy(replica, timeout=2):
             return answer.status == 200
     except (OSError, ValueError):
         return False
+
+
+def in_flight(replica, timeout=2):
+    """Requests the replica is working on or has queued, as it counts them itself (it sees every
+    router's requests): serve.py's /health says `in_flight`; vLLM's /metrics has
+    vllm:num_requests_running and vllm:num_requests_waiting (https://docs.vllm.ai/en/latest/usage/metrics.html).
+    None when it does not answer or says neither."""
+    try:
+        with urllib.request.urlopen(f"{replica.url}/health", timeout=timeout) as answer:
+            said = json.loads(answer.read() or b"null")
+        if isinstance(said, dict) and isinstance(said.get("in_flight"), int):
+            return said["in_flight"]
+        with urllib.request.urlopen(f"{replica.url}/metrics", timeout=timeout) as answer:
+            text = answer.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    counts = [float(line.rsplit(None, 1)[-1]) for line in text.splitlines()
+              if line.split("{", 1)[0].split(" ", 1)[0] in names]  # fmt: skip
+    return round(sum(counts)) if counts else None
+
+
+def routers_moved_on():
+    """Seconds after a drain began when no router sends the replica a new request: each has re-read
+    its table (two refreshes, one may have just begun) and a connection it opened before is made or
+    given up (the connect timeout)."""
+    return 2 * settings.ROUTER_REFRESH_SECONDS + settings.ROUTER_CONNECT_TIMEOUT
+
+
+def drained(replica, now):
+    """Why a DRAINING replica may be stopped now, or None while it still serves requests it was sent.
+    It stops once nothing is in flight there, and at the latest ENDPOINT_DRAIN_SECONDS after the drain
+    began (at least the router's request timeout: after that no request of its can still be open)."""
+    waited = (now - replica.draining_at).total_seconds()
+    if waited < routers_moved_on():
+        return None
+    if waited >= settings.ENDPOINT_DRAIN_SECONDS:
+        return f"drained: {settings.ENDPOINT_DRAIN_SECONDS:g} s passed, the longest a request may run"
+    busy = in_flight(replica)
+    if busy == 0:
+        return "drained: no request in flight"
+    if busy is None and job_ended(replica):
+        return "its job ended while draining"
+    return None
 
 
 def job_ended(replica):

@@ -39,7 +39,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiohttp import ClientConnectionError, ClientConnectorError, ClientSession, ClientTimeout, TCPConnector, web
 from django.conf import settings
@@ -164,6 +164,7 @@ class TokenCache:
 class Router:
     def __init__(self):
         self.routes = {}  # (project slug, endpoint name) -> Route
+        self.indexed, self.by_id = None, {}  # the table current() indexed by endpoint id, and that index
         self.in_flight = {}  # replica id -> requests in flight
         self.waiting = {}  # endpoint id -> requests queued for a free replica
         self.failed_probes = {}  # replica id -> /health failures in a row
@@ -225,6 +226,7 @@ class Router:
         while True:
             try:
                 self.routes = await asyncio.to_thread(self.load_routes)
+                await self.wake_waiting()
             except Exception:  # a database hiccup: keep the last table
                 log.exception("could not read the routing table")
             await asyncio.sleep(settings.ROUTER_REFRESH_SECONDS)
@@ -289,6 +291,14 @@ class Router:
             self.tokens.put(raw, found)
         return found
 
+    def current(self, route):
+        """The endpoint's route in the latest table: a request that waited in the queue, or is retried,
+        holds the table of its arrival, which may name replicas drained since (no replica once the
+        endpoint left the table)."""
+        if self.indexed is not self.routes:
+            self.indexed, self.by_id = self.routes, {r.endpoint_id: r for r in self.routes.values()}
+        return self.by_id.get(route.endpoint_id) or replace(route, replicas=[])
+
     def pick(self, route, tried):
         """The least loaded replica not tried yet with room for one more request (a suspect one only
         when no other has room), None when no replica is left to try, or FULL."""
@@ -316,7 +326,7 @@ class Router:
         self.waiting[key] = self.waiting.get(key, 0) + 1
         try:
             async with freed:
-                while (chosen := self.pick(route, tried)) is FULL:
+                while (chosen := self.pick(self.current(route), tried)) is FULL:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return FULL
@@ -327,6 +337,15 @@ class Router:
             return chosen
         finally:
             self.waiting[key] -= 1
+
+    async def wake_waiting(self):
+        """After a new table: queued requests look again, since it may have room they can take now (a
+        replica a scale or a roll added) and no longer has the replicas being drained."""
+        for endpoint_id, count in list(self.waiting.items()):
+            freed = self.freed.get(endpoint_id)
+            if count and freed is not None:
+                async with freed:
+                    freed.notify_all()
 
     async def release(self, route, replica_id):
         self.in_flight[replica_id] -= 1
@@ -342,7 +361,7 @@ class Router:
         relayed as it comes and the body returned is that StreamResponse."""
         tried = set()
         for _ in range(max(1, min(3, len(route.replicas)))):
-            chosen = await self.take(route, tried)
+            chosen = await self.take(self.current(route), tried)
             if chosen is FULL:
                 message = f"every replica of this endpoint is busy and its queue is full; retry after {retry_after()} s"
                 return failure(message, 429, code="rate_limit_exceeded")
