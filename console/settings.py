@@ -220,6 +220,9 @@ ENDPOINT_RECONCILE_SECONDS = envfloat("ENDPOINT_RECONCILE_SECONDS", 5.0)
 ENDPOINT_SCALE_WINDOW_SECONDS = envfloat("ENDPOINT_SCALE_WINDOW_SECONDS", 30.0)
 ENDPOINT_SCALE_COOLDOWN_SECONDS = envfloat("ENDPOINT_SCALE_COOLDOWN_SECONDS", 60.0)
 ENDPOINT_SCALE_DOWN_IDLE_SECONDS = envfloat("ENDPOINT_SCALE_DOWN_IDLE_SECONDS", 300.0)
+# A replica not serving this long after it was submitted (queued, or its engine never loads: vLLM
+# gives a large model up to 30 min) has failed; during a roll that fails the roll.
+ENDPOINT_START_SECONDS = envfloat("ENDPOINT_START_SECONDS", 2400.0)
 ROUTER_HOST = env("ROUTER_HOST", "127.0.0.1")
 ROUTER_PORT = envint("ROUTER_PORT", 8100)
 ROUTER_REFRESH_SECONDS = envfloat("ROUTER_REFRESH_SECONDS", 1.0)

@@ -176,18 +176,22 @@ class EndpointStatus(models.TextChoices):
     STARTING = "STARTING", "Starting"  # no replica answers yet
     READY = "READY", "Ready"
     ROLLING = "ROLLING", "Rolling"  # replicas of a new version are starting; the old ones still serve
+    # A replica of the wanted version never served: nothing new starts until a deploy (or an empty
+    # PATCH) says to try again; what served before keeps serving.
+    FAILED = "FAILED", "Roll failed"
     DELETING = "DELETING", "Deleting"
     DELETED = "DELETED", "Deleted"
 
     @classmethod
     def live(cls):
-        return {cls.STARTING, cls.READY, cls.ROLLING}
+        return {cls.STARTING, cls.READY, cls.ROLLING, cls.FAILED}
 
 
 ENDPOINT_STATUS_COLOURS = {
     EndpointStatus.STARTING: "grey",
     EndpointStatus.READY: "green",
     EndpointStatus.ROLLING: "blue",
+    EndpointStatus.FAILED: "red",
     EndpointStatus.DELETING: "amber",
     EndpointStatus.DELETED: "grey",
 }
@@ -211,6 +215,9 @@ class Endpoint(models.Model):
     target_p95_ms = models.FloatField(null=True, blank=True)  # optional: a p95 latency above it scales up too
     desired_replicas = models.PositiveIntegerField(default=1)
     status = models.CharField(max_length=10, choices=EndpointStatus.choices, default=EndpointStatus.STARTING)
+    # The version whose roll failed (FAILED) and why: not tried again until the endpoint is changed.
+    failed_version = models.ForeignKey(ModelVersion, models.SET_NULL, null=True, blank=True, related_name="+")
+    failure = models.CharField(max_length=300, blank=True)
     last_scaled = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True)
     created = models.DateTimeField(default=timezone.now)

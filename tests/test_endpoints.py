@@ -617,6 +617,81 @@ def test_a_draining_replica_keeps_its_requests_until_they_end_or_the_request_tim
     assert after(60) == "its job ended while draining"
 
 
+@pytest.mark.django_db
+def test_a_roll_whose_new_replica_never_serves_fails_keeps_the_old_serving_and_waits_to_be_told(
+    scripted, alpha, alice, alice_api, monkeypatch, client
+):
+    """v2's replica dies before it serves (a bad checkpoint, an engine that cannot load it): the roll
+    stops there, v1 keeps serving, and nothing is tried again until alice says so. Before, every
+    reconcile round (5 s) submitted another v2 replica that failed the same way, for ever."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from clusters import services
+    from clusters.models import Cluster
+    from clusters.operations import engine
+    from clusters.slurm.states import JobStatus
+    from console.errors import ConsoleError
+    from recipes.models import ModelVersion
+    from recipes.serving import change_endpoint, reconcile
+
+    from .conftest import scripted_spec
+
+    engine.run(services.create_cluster(project=alpha, name="ok", spec=scripted_spec(cpu=2), user=alice).pk)
+    v1, v2 = (ModelVersion.objects.create(project=alpha, name="llama", version=n, family="llama", checkpoint="x",
+                                          step=n) for n in (1, 2))  # fmt: skip
+    endpoint = Endpoint.objects.create(project=alpha, cluster=Cluster.objects.get(name="ok"), name="chat",
+                                       model_name="llama", version=2, serving=v1,
+                                       status=EndpointStatus.READY)  # fmt: skip
+    serving = Saying()
+    serving.said["/health"] = json.dumps({"status": "ok", "in_flight": 0})
+    serving.start()
+    old = Replica.objects.create(endpoint=endpoint, version=v1, version_ref=v1.ref, slurm_job_id=77, host="127.0.0.1",
+                                 port=serving.port, state=ReplicaState.READY, ready_at=timezone.now())  # fmt: skip
+    started = []
+
+    def start(endpoint, version):
+        started.append(Replica.objects.create(endpoint=endpoint, version=version, version_ref=version.ref,
+                                              slurm_job_id=100 + len(started), folder="r"))  # fmt: skip
+        return started[-1]
+
+    monkeypatch.setattr(sys.modules["recipes.serving.reconcile"], "start", start)  # the module, not its function
+    monkeypatch.setattr(services, "read_file", lambda cluster, path: (_ for _ in ()).throw(ConsoleError("no file")))
+    running = JobStatus(job_id=77, name="serve", user="alice", state="RUNNING", partition="cpu", node_count=1,
+                        nodes="cpu-1")  # fmt: skip
+    scripted.job_status = lambda cluster, job_id: running if job_id == 77 else None  # v2's jobs have ended
+
+    def rounds(n):
+        for _ in range(n):
+            reconcile(Endpoint.objects.get(pk=endpoint.pk))
+        return Endpoint.objects.get(pk=endpoint.pk)
+
+    assert rounds(1).status == EndpointStatus.ROLLING and len(started) == 1
+    failed = rounds(5)
+    assert len(started) == 1  # one replica of v2, not one more every round
+    assert failed.status == EndpointStatus.FAILED and failed.failed_version == v2
+    assert failed.failure == f"replica {started[0].pk}: its job ended before it served"
+    assert Replica.objects.get(pk=old.pk).state == ReplicaState.READY  # v1 still serves
+    assert any(m.startswith("Roll to llama:v2 failed") and "llama:v1 still serves" in m for m in events(endpoint))
+    shown = alice_api.get("/api/v1/projects/alpha/endpoints/chat/").json()
+    assert shown["status"] == "FAILED" and shown["failure"] == {"version": "llama:v2", "reason": failed.failure}
+    client.force_login(alice)
+    page = client.get("/endpoints/alpha/chat/").content.decode()
+    assert 'id="roll-failure"' in page and "Retry llama:v2" in page
+
+    # alice retries (an empty change, the page's Retry): one new replica; not serving in time fails it again.
+    change_endpoint(failed, {}, user=alice)
+    assert rounds(1).status == EndpointStatus.ROLLING and len(started) == 2
+    assert any(m.endswith("trying llama:v2 again") for m in events(endpoint))
+    Replica.objects.filter(pk=started[1].pk).update(created=timezone.now() - timedelta(seconds=2401))
+    scripted.job_status = lambda cluster, job_id: running  # queued or loading, but never serving
+    again = rounds(2)
+    assert again.status == EndpointStatus.FAILED and len(started) == 2
+    assert again.failure == f"replica {started[1].pk}: not serving 2400 s after it was submitted"
+    assert Replica.objects.get(pk=old.pk).state == ReplicaState.READY
+
+
 def test_a_replica_counts_its_requests_in_flight_on_its_health(monkeypatch):
     from http.server import ThreadingHTTPServer
 

@@ -19,12 +19,19 @@ class EndpointSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model_name")
     serving = serializers.SerializerMethodField()
     replicas = serializers.SerializerMethodField()
+    failure = serializers.SerializerMethodField()
 
     class Meta:
         model = Endpoint
-        fields = ["id", "name", "cluster", "model", "version", "alias", "serving", "status", "min_replicas",
-                  "max_replicas", "target_in_flight", "target_p95_ms", "desired_replicas", "replicas",
-                  "created"]  # fmt: skip
+        fields = ["id", "name", "cluster", "model", "version", "alias", "serving", "status", "failure",
+                  "min_replicas", "max_replicas", "target_in_flight", "target_p95_ms", "desired_replicas",
+                  "replicas", "created"]  # fmt: skip
+
+    def get_failure(self, endpoint) -> dict | None:
+        """The failed roll (status FAILED): the version and why; a PATCH, even empty, tries it again."""
+        if not endpoint.failed_version_id:
+            return None
+        return {"version": endpoint.failed_version.ref, "reason": endpoint.failure}
 
     def get_serving(self, endpoint) -> str | None:
         return endpoint.serving.ref if endpoint.serving else None

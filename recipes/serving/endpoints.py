@@ -9,7 +9,10 @@ endpoint towards what it should be, idempotently:
                 (up to max); no request for
                 ENDPOINT_SCALE_DOWN_IDLE_SECONDS -> one fewer (down to min); a cooldown between moves
     roll        the version wanted (the alias resolved in MLflow) differs from the replicas' -> start
-                `desired` replicas of it; once they all answer /health, drain the old ones
+                `desired` replicas of it; once they all answer /health, drain the old ones. A new
+                replica that never serves (its job ends, or ENDPOINT_START_SECONDS pass) fails the
+                roll: FAILED, the old replicas keep serving, nothing is retried until the endpoint is
+                changed (an empty PATCH, or Retry on its page)
     replicas    STARTING -> READY when its announce file is written and /health answers; READY ->
                 DRAINING (no new requests once the routers re-read their table) -> STOPPED (scancel)
                 once it has no request in flight, at the latest after ENDPOINT_DRAIN_SECONDS (at least
@@ -129,10 +132,12 @@ def change_endpoint(endpoint, data, user=None):
     fields = check(endpoint.project, data, current=endpoint)
     before = endpoint.target
     fields["desired_replicas"] = min(max(endpoint.desired_replicas, fields["min_replicas"]), fields["max_replicas"])
-    Endpoint.objects.filter(pk=endpoint.pk).update(**fields)
+    retried = endpoint.failed_version.ref if endpoint.failed_version_id else ""
+    # Any change, an empty one too, is what tells a failed roll to try again.
+    Endpoint.objects.filter(pk=endpoint.pk).update(failed_version=None, failure="", **fields)
     endpoint.refresh_from_db()
     event(endpoint, f"Changed by {user or 'system'}: {before} -> {endpoint.target}, {endpoint.min_replicas} to "
-                    f"{endpoint.max_replicas} replicas")  # fmt: skip
+                    f"{endpoint.max_replicas} replicas" + (f"; trying {retried} again" if retried else ""))  # fmt: skip
     later("reconcile_endpoint", endpoint.pk)
     return endpoint
 

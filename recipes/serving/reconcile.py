@@ -23,7 +23,7 @@ def reconcile(endpoint):
             event(endpoint, "Deleted")
         return
     for replica in running:
-        follow(replica)
+        follow(replica, now)
     autoscale(endpoint, now)
     try:
         want = wanted_version(endpoint)
@@ -35,8 +35,19 @@ def reconcile(endpoint):
     if endpoint.serving_id != want.pk:
         if endpoint.serving_id is not None:
             event(endpoint, f"Rolling to {want.ref} ({endpoint.target} moved): new replicas first, then the old drain")
-        Endpoint.objects.filter(pk=endpoint.pk).update(serving=want)
-        endpoint.serving = want
+        Endpoint.objects.filter(pk=endpoint.pk).update(serving=want, failed_version=None, failure="")
+        endpoint.serving, endpoint.failed_version_id = want, None
+    if endpoint.failed_version_id == want.pk:  # held until told to try again: what runs keeps running
+        finish_drains(endpoint, now)
+        return
+    # A roll (or the first deploy) is under way while an older version still serves or none of this one
+    # has: a new replica that fails then fails the roll. Otherwise a failed replica is replaced.
+    live = [r for r in running if r.state == ReplicaState.READY]
+    rolling = any(r.version_id != want.pk for r in live) or not any(r.version_id == want.pk for r in live)
+    if rolling and (unborn := never_served(running, want)):
+        fail_roll(endpoint, want, unborn, running)
+        finish_drains(endpoint, now)
+        return
     running = [r for r in running if r.state in ReplicaState.running()]
     current = [r for r in running if r.version_id == want.pk and r.state != ReplicaState.DRAINING]
     old = [r for r in running if r.version_id != want.pk and r.state != ReplicaState.DRAINING]
@@ -46,21 +57,54 @@ def reconcile(endpoint):
             current.append(start(endpoint, want))
     except ConsoleError as exc:
         event(endpoint, f"Cannot start a replica of {want.ref}: {exc.message}")
+    if rolling and (unborn := never_served(current, want)):  # its job could not even be submitted
+        fail_roll(endpoint, want, unborn, running + current)
+        finish_drains(endpoint, now)
+        return
     surplus = len(current) - endpoint.desired_replicas
     for replica in sorted(current, key=lambda r: (r.state == ReplicaState.READY, r.pk))[: max(0, surplus)]:
         drain(replica, f"scaled down to {endpoint.desired_replicas}")
     if old and len(ready) >= min(endpoint.desired_replicas, len(current)):
         for replica in old:
             drain(replica, f"replaced by {want.ref}")
-    for replica in endpoint.replicas.filter(state=ReplicaState.DRAINING):
-        why = drained(replica, now)
-        if why:
-            stop(replica, why=why)
+    finish_drains(endpoint, now)
     routed = endpoint.replicas.filter(state=ReplicaState.READY)
     status = (EndpointStatus.ROLLING if routed.exclude(version=want).exists() else EndpointStatus.READY) if (
         routed.exists()) else EndpointStatus.STARTING  # fmt: skip
     if status != endpoint.status:
         endpoint.set_status(status, expected=EndpointStatus.live())
+
+
+def finish_drains(endpoint, now):
+    for replica in endpoint.replicas.filter(state=ReplicaState.DRAINING):
+        why = drained(replica, now)
+        if why:
+            stop(replica, why=why)
+
+
+def never_served(replicas, want):
+    """A replica of `want` that failed before it ever served, or None."""
+    return next((r for r in replicas if r.version_id == want.pk and r.state == ReplicaState.FAILED
+                 and r.ready_at is None), None)  # fmt: skip
+
+
+def fail_roll(endpoint, want, unborn, running):
+    """A replica of the version being rolled out never served (its job ended, or it was not serving
+    ENDPOINT_START_SECONDS after it was submitted): stop trying that version until the endpoint is
+    changed, stop its other new replicas, and leave what served before serving. Starting new replicas
+    again and again would fill the cluster's queue with jobs that fail the same way."""
+    before = [r for r in running if r.version_id != want.pk and r.state == ReplicaState.READY]
+    for replica in running:
+        if replica.version_id != want.pk or replica.state not in ReplicaState.running():
+            continue
+        if replica.state == ReplicaState.STARTING or (replica.state == ReplicaState.READY and before):
+            drain(replica, f"the roll to {want.ref} failed")
+    why = f"replica {unborn.pk}: {unborn.error or 'it failed'}"
+    if endpoint.set_status(EndpointStatus.FAILED, expected=EndpointStatus.live(), failed_version=want,
+                           failure=why[:300]):  # fmt: skip
+        serving = ", ".join(sorted({r.version_ref for r in before})) or "nothing"
+        event(endpoint, f"Roll to {want.ref} failed ({why}); {serving} still serves. Nothing more is tried until "
+                        "the endpoint is deployed again (Retry on its page, or a PATCH)")  # fmt: skip
 
 
 def reconcile_all():

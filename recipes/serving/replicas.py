@@ -146,9 +146,16 @@ def stop(replica, state=ReplicaState.STOPPED, why=""):
                                 + (f": {why}" if why else ""))  # fmt: skip
 
 
-def follow(replica):
-    """Move a STARTING or READY replica on from what its job, announce file and /health say."""
+def follow(replica, now=None):
+    """Move a STARTING or READY replica on from what its job, announce file and /health say. One that
+    is not serving ENDPOINT_START_SECONDS after it was made (queued that long, or its engine never
+    loads) has failed."""
     if replica.state == ReplicaState.STARTING:
+        waited = ((now or timezone.now()) - replica.created).total_seconds()
+        if waited > settings.ENDPOINT_START_SECONDS:
+            limit = settings.ENDPOINT_START_SECONDS
+            stop(replica, ReplicaState.FAILED, f"not serving {limit:g} s after it was submitted")
+            return
         if not replica.host:
             try:
                 host, port = announced_at(replica)

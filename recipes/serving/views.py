@@ -78,9 +78,10 @@ def charts(endpoint):
     return found
 
 
-def live_context(endpoint):
+def live_context(request, endpoint):
     return {
         "endpoint": endpoint,
+        "can_change": access.can(request.user, endpoint.project, access.RUN),
         "replicas": endpoint.replicas.filter(state__in=ReplicaState.running()).select_related("version"),
         "charts": charts(endpoint),
         "events": endpoint.events.all()[:30],
@@ -90,9 +91,8 @@ def live_context(endpoint):
 def endpoint_detail(request, project, name):
     endpoint = endpoint_for(request, project, name)
     context = {
-        **live_context(endpoint),
+        **live_context(request, endpoint),
         "router": f"http://{settings.ROUTER_HOST}:{settings.ROUTER_PORT}/{endpoint.project.slug}/{endpoint.name}",
-        "can_change": access.can(request.user, endpoint.project, access.RUN),
         "versions": ModelVersion.objects.filter(project=endpoint.project, name=endpoint.model_name),
     }
     return render(request, "recipes/endpoint_detail.html", context)
@@ -100,7 +100,7 @@ def endpoint_detail(request, project, name):
 
 def endpoint_live(request, project, name):
     endpoint = endpoint_for(request, project, name)
-    return render_fragment(request, "recipes/partials/endpoint_live.html", live_context(endpoint),
+    return render_fragment(request, "recipes/partials/endpoint_live.html", live_context(request, endpoint),
                            done=endpoint.status == EndpointStatus.DELETING and not endpoint.replicas.filter(
                                state__in=ReplicaState.running()).exists())  # fmt: skip
 
