@@ -218,6 +218,8 @@ class Endpoint(models.Model):
     # The version whose roll failed (FAILED) and why: not tried again until the endpoint is changed.
     failed_version = models.ForeignKey(ModelVersion, models.SET_NULL, null=True, blank=True, related_name="+")
     failure = models.CharField(max_length=300, blank=True)
+    # The STAGE operation copying the wanted version onto the cluster (recipes/registry/staging.py).
+    staging = models.ForeignKey("clusters.Operation", models.SET_NULL, null=True, blank=True, related_name="+")
     last_scaled = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True)
     created = models.DateTimeField(default=timezone.now)

@@ -617,6 +617,92 @@ def test_a_draining_replica_keeps_its_requests_until_they_end_or_the_request_tim
     assert after(60) == "its job ended while draining"
 
 
+def submitting(monkeypatch):
+    """Replicas 'submitted' by the reconcile as rows only (no Slurm), with the folder they were given."""
+    started = []
+
+    def start(endpoint, version, staged):
+        started.append(Replica.objects.create(endpoint=endpoint, version=version, version_ref=version.ref,
+                                              slurm_job_id=100 + len(started), folder=staged))  # fmt: skip
+        return started[-1]
+
+    monkeypatch.setattr(sys.modules["recipes.serving.reconcile"], "start", start)  # the module, not its function
+    return started
+
+
+@pytest.mark.django_db
+def test_a_version_is_staged_by_an_operation_of_its_own_never_inside_the_reconcile(scripted, alpha, alice, monkeypatch):
+    """Copying a model of many GB inside the periodic reconcile ran past that task's time limit and aborted
+    the round for every endpoint. Now the reconcile starts a STAGE operation (heartbeats, resumed by the
+    engine) and starts replicas once it succeeded; a failed one fails the roll with its error."""
+    from django.utils import timezone
+
+    from clusters import services
+    from clusters.choices import OperationStatus
+    from clusters.models import Cluster, Operation
+    from clusters.operations import engine
+    from console.errors import Conflict
+    from recipes.models import ModelVersion
+    from recipes.registry import STAGE, staged_path
+    from recipes.serving import change_endpoint, reconcile
+
+    from .conftest import scripted_spec
+
+    engine.run(services.create_cluster(project=alpha, name="ok", spec=scripted_spec(cpu=2), user=alice).pk)
+    cluster = Cluster.objects.get(name="ok")
+    v1, v2 = (ModelVersion.objects.create(project=alpha, name="llama", version=n, family="llama", checkpoint="x",
+                                          step=n) for n in (1, 2))  # fmt: skip
+    copied = []
+
+    def stage(version, cluster):
+        if version == v2:
+            raise Conflict("llama:v2's artifact in the registry has no config.json")
+        copied.append(version.ref)
+        return staged_path(version)
+
+    monkeypatch.setattr("recipes.registry.staging.stage", stage)
+    started = submitting(monkeypatch)
+    endpoint = Endpoint.objects.create(project=alpha, cluster=cluster, name="chat", model_name="llama", version=1,
+                                       created_by=alice)  # fmt: skip
+
+    def rounds(n):
+        for _ in range(n):
+            reconcile(Endpoint.objects.get(pk=endpoint.pk))
+        return Endpoint.objects.get(pk=endpoint.pk)
+
+    rounds(3)
+    [staging] = Operation.objects.filter(cluster=cluster, kind=STAGE)
+    assert staging.status == OperationStatus.PENDING and staging.params["version"] == "llama:v1"
+    assert (copied, started) == ([], [])  # the reconcile copies nothing and starts nothing meanwhile
+    engine.run(staging.pk)  # a worker runs it
+    assert Operation.objects.get(pk=staging.pk).status == OperationStatus.SUCCEEDED and copied == ["llama:v1"]
+    rounds(1)
+    assert [r.folder for r in started] == [staged_path(v1)]
+    assert any(m.startswith("Staging llama:v1 onto ok") for m in events(endpoint))
+    # A second endpoint of the same version uses the same copy.
+    other = Endpoint.objects.create(project=alpha, cluster=cluster, name="other", model_name="llama", version=1)
+    reconcile(other)
+    assert Operation.objects.filter(kind=STAGE).count() == 1 and len(started) == 2
+
+    # v2 cannot be staged: the roll fails with the operation's error, once, and v1 serves throughout.
+    serving = Saying()
+    serving.said["/health"] = json.dumps({"status": "ok", "in_flight": 0})
+    serving.start()
+    Replica.objects.filter(pk=started[0].pk).update(state=ReplicaState.READY, ready_at=timezone.now(),
+                                                    host="127.0.0.1", port=serving.port)  # fmt: skip
+    change_endpoint(Endpoint.objects.get(pk=endpoint.pk), {"version": 2}, user=alice)
+    rounds(2)
+    assert Replica.objects.get(pk=started[0].pk).state == ReplicaState.READY  # not drained for a v2 not there yet
+    staging = Operation.objects.filter(kind=STAGE).latest("created")
+    assert staging.params["version"] == "llama:v2"
+    engine.run(staging.pk)
+    failed = rounds(2)
+    assert failed.status == EndpointStatus.FAILED and failed.failed_version == v2
+    assert failed.failure == "staging it failed: llama:v2's artifact in the registry has no config.json"
+    assert Replica.objects.get(pk=started[0].pk).state == ReplicaState.READY
+    assert Operation.objects.filter(kind=STAGE).count() == 2 and len(started) == 2
+
+
 @pytest.mark.django_db
 def test_a_roll_whose_new_replica_never_serves_fails_keeps_the_old_serving_and_waits_to_be_told(
     scripted, alpha, alice, alice_api, monkeypatch, client
@@ -649,14 +735,8 @@ def test_a_roll_whose_new_replica_never_serves_fails_keeps_the_old_serving_and_w
     serving.start()
     old = Replica.objects.create(endpoint=endpoint, version=v1, version_ref=v1.ref, slurm_job_id=77, host="127.0.0.1",
                                  port=serving.port, state=ReplicaState.READY, ready_at=timezone.now())  # fmt: skip
-    started = []
-
-    def start(endpoint, version):
-        started.append(Replica.objects.create(endpoint=endpoint, version=version, version_ref=version.ref,
-                                              slurm_job_id=100 + len(started), folder="r"))  # fmt: skip
-        return started[-1]
-
-    monkeypatch.setattr(sys.modules["recipes.serving.reconcile"], "start", start)  # the module, not its function
+    started = submitting(monkeypatch)
+    monkeypatch.setattr(sys.modules["recipes.serving.reconcile"], "staged_for", lambda endpoint, want: "models/x")
     monkeypatch.setattr(services, "read_file", lambda cluster, path: (_ for _ in ()).throw(ConsoleError("no file")))
     running = JobStatus(job_id=77, name="serve", user="alice", state="RUNNING", partition="cpu", node_count=1,
                         nodes="cpu-1")  # fmt: skip

@@ -8,7 +8,7 @@ import secrets
 from console.errors import Conflict, Unavailable
 
 from ..backends import get_backend
-from ..work import BackendError
+from ..work import BackendError, heartbeat
 
 
 def agent_call(cluster, operation, *args, **kwargs):
@@ -88,12 +88,16 @@ def upload_folder(cluster, source, path, mode=0o644):
     if file_exists(cluster, path):
         return False
     staging = f"{path}.partial-{secrets.token_hex(4)}"
-    for file in sorted(p for p in source.iterdir() if p.is_file()):
+    files = sorted(p for p in source.iterdir() if p.is_file())
+    total, done = sum(f.stat().st_size for f in files), 0
+    for file in files:
         with file.open("rb") as handle:
             chunk, offset = handle.read(PART), 0
             while True:  # the first part even when it is empty: an empty file is still written
                 agent_call(cluster, "write", f"{staging}/{file.name}", chunk, mode=mode, offset=offset)
                 offset += len(chunk)
+                done += len(chunk)
+                heartbeat(f"{100 * done // max(total, 1)}% of {total >> 20} MiB copied")  # in an operation
                 chunk = handle.read(PART)
                 if not chunk:
                     break

@@ -1,6 +1,8 @@
 """The model registry on MLflow (versions.py): tracking runs, registering versions, aliases, staging a
-version onto a cluster. Pages, the API, runs and serving call these functions."""
+version onto a cluster (versions.py; as an operation of its own: staging.py). Pages, the API, runs and
+serving call these functions."""
 
+from .staging import STAGE, start_staging
 from .versions import (
     ALIAS,
     ALIAS_RULE,
@@ -32,6 +34,7 @@ __all__ = [
     "ALIAS",
     "ALIAS_RULE",
     "REF",
+    "STAGE",
     "RegistryUnavailable",
     "after_sync",
     "aliases",
@@ -50,6 +53,7 @@ __all__ = [
     "set_alias",
     "stage",
     "staged_path",
+    "start_staging",
     "track",
     "track_and_register",
     "version_config",

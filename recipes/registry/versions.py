@@ -31,6 +31,7 @@ from clusters import services as clusters
 from clusters.choices import EventLevel
 from clusters.events import record_event
 from clusters.spec.validator import ID_RULE, RESOURCE_ID
+from clusters.work import heartbeat
 from console.errors import Conflict, ConsoleError, FieldErrors, Unavailable
 
 from ..catalog import get_recipe
@@ -335,13 +336,31 @@ def stage(version, cluster):
         return path
     with tempfile.TemporaryDirectory(prefix="tcc-stage-") as temporary:
         with answering("hand out the model's files"):
-            local = Path(client().download_artifacts(version.mlflow_run_id, "model", temporary)) if (
-                version.mlflow_run_id
-            ) else Path(download_source(version.checkpoint, temporary))  # fmt: skip
+            if version.mlflow_run_id:
+                fetch = lambda: client().download_artifacts(version.mlflow_run_id, "model", temporary)  # noqa: E731
+            else:
+                fetch = lambda: download_source(version.checkpoint, temporary)  # noqa: E731
+            local = Path(beating(fetch, f"downloading {version.ref} from the registry"))
         if not (local / "config.json").exists():
             raise Conflict(f"{version.ref}'s artifact in the registry has no config.json")
         clusters.upload_folder(cluster, local, path)
     return path
+
+
+def beating(call, detail):
+    """call() in a thread while this one heartbeats (clusters.work.heartbeat: inside an operation's step,
+    the engine then knows its worker is alive however long a download of many GB takes)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as Waiting
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tcc-stage") as pool:
+        future = pool.submit(call)
+        while True:
+            heartbeat(detail)
+            try:
+                return future.result(timeout=2)
+            except Waiting:
+                continue
 
 
 def download_source(source, target):

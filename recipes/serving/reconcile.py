@@ -5,8 +5,11 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from clusters.choices import OperationStatus
+from clusters.models import Operation
 from console.errors import ConsoleError
 
+from .. import registry
 from ..models import Endpoint, EndpointStatus, ModelVersion, ReplicaState
 from .autoscale import autoscale
 from .endpoints import event
@@ -45,26 +48,32 @@ def reconcile(endpoint):
     live = [r for r in running if r.state == ReplicaState.READY]
     rolling = any(r.version_id != want.pk for r in live) or not any(r.version_id == want.pk for r in live)
     if rolling and (unborn := never_served(running, want)):
-        fail_roll(endpoint, want, unborn, running)
+        fail_roll(endpoint, want, f"replica {unborn.pk}: {unborn.error or 'it failed'}", running)
         finish_drains(endpoint, now)
         return
     running = [r for r in running if r.state in ReplicaState.running()]
     current = [r for r in running if r.version_id == want.pk and r.state != ReplicaState.DRAINING]
     old = [r for r in running if r.version_id != want.pk and r.state != ReplicaState.DRAINING]
     ready = [r for r in current if r.state == ReplicaState.READY]
+    missing = endpoint.desired_replicas - len(current)
     try:
-        for _ in range(endpoint.desired_replicas - len(current)):
-            current.append(start(endpoint, want))
+        staged = staged_for(endpoint, want) if missing > 0 else None
+        for _ in range(missing if staged else 0):
+            current.append(start(endpoint, want, staged))
+    except StagingFailed as exc:
+        fail_roll(endpoint, want, str(exc), running)
+        finish_drains(endpoint, now)
+        return
     except ConsoleError as exc:
         event(endpoint, f"Cannot start a replica of {want.ref}: {exc.message}")
     if rolling and (unborn := never_served(current, want)):  # its job could not even be submitted
-        fail_roll(endpoint, want, unborn, running + current)
+        fail_roll(endpoint, want, f"replica {unborn.pk}: {unborn.error or 'it failed'}", running + current)
         finish_drains(endpoint, now)
         return
     surplus = len(current) - endpoint.desired_replicas
     for replica in sorted(current, key=lambda r: (r.state == ReplicaState.READY, r.pk))[: max(0, surplus)]:
         drain(replica, f"scaled down to {endpoint.desired_replicas}")
-    if old and len(ready) >= min(endpoint.desired_replicas, len(current)):
+    if old and ready and len(ready) >= min(endpoint.desired_replicas, len(current)):  # never to none
         for replica in old:
             drain(replica, f"replaced by {want.ref}")
     finish_drains(endpoint, now)
@@ -88,18 +97,46 @@ def never_served(replicas, want):
                  and r.ready_at is None), None)  # fmt: skip
 
 
-def fail_roll(endpoint, want, unborn, running):
-    """A replica of the version being rolled out never served (its job ended, or it was not serving
-    ENDPOINT_START_SECONDS after it was submitted): stop trying that version until the endpoint is
-    changed, stop its other new replicas, and leave what served before serving. Starting new replicas
-    again and again would fill the cluster's queue with jobs that fail the same way."""
+class StagingFailed(Exception):
+    """The wanted version could not be copied onto the cluster (its STAGE operation failed)."""
+
+
+def staged_for(endpoint, want):
+    """The wanted version's folder in the cluster's shared home once its STAGE operation succeeded;
+    None while it runs. StagingFailed when it failed: the next try is a new operation, once the endpoint
+    is changed."""
+    operation = endpoint.staging
+    if operation is None or operation.params.get("version_id") != want.pk:
+        # Another endpoint's (or an earlier) copy of the same version onto the same cluster will do.
+        operation = Operation.objects.filter(cluster=endpoint.cluster, kind=registry.STAGE,
+                                             params__version_id=want.pk).exclude(
+            status=OperationStatus.FAILED).order_by("-created").first()  # fmt: skip
+        if operation is None:
+            operation = registry.start_staging(endpoint.cluster, want, user=endpoint.created_by)
+            event(endpoint, f"Staging {want.ref} onto {endpoint.cluster.name} (operation {operation.uuid})")
+        Endpoint.objects.filter(pk=endpoint.pk).update(staging=operation)
+        endpoint.staging = operation
+    operation.refresh_from_db(fields=["status", "error"])
+    if operation.status == OperationStatus.SUCCEEDED:
+        return registry.staged_path(want)
+    if operation.status == OperationStatus.FAILED:
+        Endpoint.objects.filter(pk=endpoint.pk).update(staging=None)
+        raise StagingFailed(f"staging it failed: {operation.error}")
+    return None
+
+
+def fail_roll(endpoint, want, why, running):
+    """The version being rolled out cannot serve (it could not be staged, or a replica of it never
+    served: its job ended, or it was not serving ENDPOINT_START_SECONDS after it was submitted): stop
+    trying that version until the endpoint is changed, stop its other new replicas, and leave what
+    served before serving. Starting new replicas again and again would fill the cluster's queue with
+    jobs that fail the same way."""
     before = [r for r in running if r.version_id != want.pk and r.state == ReplicaState.READY]
     for replica in running:
         if replica.version_id != want.pk or replica.state not in ReplicaState.running():
             continue
         if replica.state == ReplicaState.STARTING or (replica.state == ReplicaState.READY and before):
             drain(replica, f"the roll to {want.ref} failed")
-    why = f"replica {unborn.pk}: {unborn.error or 'it failed'}"
     if endpoint.set_status(EndpointStatus.FAILED, expected=EndpointStatus.live(), failed_version=want,
                            failure=why[:300]):  # fmt: skip
         serving = ", ".join(sorted({r.version_ref for r in before})) or "nothing"

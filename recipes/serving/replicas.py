@@ -53,8 +53,8 @@ def replica_script(endpoint, replica, staged, runtime):
     )
 
 
-def start(endpoint, version):
-    staged = registry.stage(version, endpoint.cluster)
+def start(endpoint, version, staged):
+    """Submit a replica of `version`, whose folder `staged` is in the cluster's shared home already."""
     runtime = clusters.node_runtime(endpoint.cluster)
     replica = Replica.objects.create(endpoint=endpoint, version=version, version_ref=version.ref,
                                      token=secrets.token_urlsafe(32))  # fmt: skip

@@ -82,6 +82,7 @@ def live_context(request, endpoint):
     return {
         "endpoint": endpoint,
         "can_change": access.can(request.user, endpoint.project, access.RUN),
+        "staging": endpoint.staging if endpoint.staging and not endpoint.staging.is_done else None,
         "replicas": endpoint.replicas.filter(state__in=ReplicaState.running()).select_related("version"),
         "charts": charts(endpoint),
         "events": endpoint.events.all()[:30],
