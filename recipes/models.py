@@ -317,6 +317,7 @@ class EndpointSample(models.Model):
     p50_ms = models.FloatField(null=True, blank=True)
     p95_ms = models.FloatField(null=True, blank=True)
     in_flight = models.FloatField(default=0)  # mean requests in flight over the interval
+    queued = models.PositiveIntegerField(default=0)  # most requests waiting at once for a free replica
     replicas = models.PositiveIntegerField(default=0)  # routed replicas
 
     class Meta:

@@ -458,6 +458,39 @@ def test_it_scales_up_on_requests_in_flight_or_a_slow_p95(scaled, sample, desire
 
 
 @pytest.mark.django_db
+def test_it_scales_up_at_once_when_requests_queue_even_in_its_cooldown(scaled):
+    """150 concurrent requests on one replica waited p95 4.7 s before the 30 s window's mean added a
+    second one. A queue in the router is the burst as it builds: one more replica at the next round."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from recipes.serving import autoscale
+
+    now = timezone.now()
+    Endpoint.objects.filter(pk=scaled.pk).update(last_scaled=now - timedelta(seconds=10))  # in its cooldown
+    scaled.refresh_from_db()
+    sampled(scaled, 1, in_flight=8.0, queued=12)
+    autoscale(scaled, now)
+    assert Endpoint.objects.get(pk=scaled.pk).desired_replicas == 2
+    assert [e.message for e in scaled.events.filter(message__startswith="Scaled")] == [
+        "Scaled up to 2 replicas: 12 requests waited for a free replica"
+    ]
+    # The second replica is not routed yet (starting): the queue adds no third meanwhile.
+    Replica.objects.create(endpoint=scaled, version_ref="x:v1", state=ReplicaState.STARTING)
+    sampled(scaled, 0, in_flight=8.0, queued=20)
+    autoscale(Endpoint.objects.get(pk=scaled.pk), now)
+    assert Endpoint.objects.get(pk=scaled.pk).desired_replicas == 2
+    # An old queue (over two sample intervals ago) is not a burst now.
+    scaled.samples.all().delete()
+    scaled.replicas.all().delete()
+    sampled(scaled, 20, in_flight=0.1, queued=30, replicas=2)
+    sampled(scaled, 1, in_flight=0.1, replicas=2)
+    autoscale(Endpoint.objects.get(pk=scaled.pk), now)
+    assert Endpoint.objects.get(pk=scaled.pk).desired_replicas == 2
+
+
+@pytest.mark.django_db
 def test_it_waits_out_the_cooldown_and_scales_down_only_when_idle(scaled):
     from datetime import timedelta
 

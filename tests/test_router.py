@@ -176,9 +176,11 @@ def test_past_its_replicas_room_and_queue_a_request_gets_429_with_retry_after_at
                                        headers={"Authorization": f"Bearer {token}"})  # fmt: skip
             return answer.status, answer.headers.get("Retry-After"), await answer.json(), time.monotonic() - started
 
-        return await asyncio.gather(*(one() for _ in range(7)))
+        answers = await asyncio.gather(*(one() for _ in range(7)))
+        return answers, dict(client.server.app["router"].peak)
 
-    [answers] = through(alpha, [(1, f"http://127.0.0.1:{slow.port}", "tiny:v1", "")], [burst])
+    [(answers, peak)] = through(alpha, [(1, f"http://127.0.0.1:{slow.port}", "tiny:v1", "")], [burst])
+    assert peak == {1: 2}  # the sample's queue depth, which the autoscaler reacts to at once
     served = [a for a in answers if a[0] == 200]
     refused = [a for a in answers if a[0] == 429]
     assert (len(served), len(refused)) == (4, 3)  # 2 at once on the replica, 2 queued; the rest refused

@@ -5,7 +5,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
-from ..models import Endpoint, EndpointSample
+from ..models import Endpoint, EndpointSample, ReplicaState
 from .endpoints import event
 
 
@@ -18,7 +18,17 @@ def autoscale(endpoint, now):
     )
     desired, reason = endpoint.desired_replicas, ""
     routed = max((s.replicas for s in samples), default=0)
-    if samples and cooled and routed:
+    # A queue building up (requests waiting in a router for a free replica) is a burst the window's mean
+    # sees only later: one more replica at once, cooldown or not, unless one is still starting.
+    lately = now - timedelta(seconds=2 * settings.ROUTER_SAMPLE_SECONDS)
+    queued = max((s.queued for s in samples if s.time >= lately), default=0)
+    if (
+        queued
+        and routed >= desired < endpoint.max_replicas
+        and not endpoint.replicas.filter(state=ReplicaState.STARTING).exists()
+    ):
+        desired, reason = desired + 1, f"{queued} request{'s' if queued > 1 else ''} waited for a free replica"
+    elif samples and cooled and routed:
         # Request-seconds over the window: the routers' samples add up (several routers, one sum each).
         in_flight = sum(s.in_flight * s.seconds for s in samples) / settings.ENDPOINT_SCALE_WINDOW_SECONDS
         per_replica = in_flight / routed

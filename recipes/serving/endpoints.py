@@ -4,7 +4,9 @@ that are Slurm jobs on a cluster (recipes/serve.py), behind the router (recipes/
 One periodic task (recipes.tasks.reconcile_endpoints, every ENDPOINT_RECONCILE_SECONDS) drives every live
 endpoint towards what it should be, idempotently:
 
-    autoscale   desired replicas from the router's samples: mean requests in flight per routed replica
+    autoscale   desired replicas from the router's samples: requests queued in a router for a free
+                replica (every one has ROUTER_REPLICA_CONCURRENCY) -> one more at once, unless one is
+                still starting; mean requests in flight per routed replica
                 above `target_in_flight`, or p95 latency above `target_p95_ms` when set -> one more
                 (up to max); no request for
                 ENDPOINT_SCALE_DOWN_IDLE_SECONDS -> one fewer (down to min); a cooldown between moves
@@ -173,6 +175,7 @@ def series(endpoint, minutes=15):
             "p50_ms": s.p50_ms,
             "p95_ms": s.p95_ms,
             "in_flight": round(s.in_flight, 3),
+            "queued": s.queued,
             "replicas": s.replicas,
         }
         for s in rows

@@ -29,8 +29,9 @@ connection was refused or could not be made) is retried on another, and that rep
 few seconds; one that may have started (reset or timed out after sending) is answered 502 or 504,
 never sent twice.
 Every ROUTER_SAMPLE_SECONDS each endpoint's requests, errors (5xx and unreachable replicas),
-p50/p95 latency, mean requests in flight (Little's law over the interval) and routed replicas are
-written as an EndpointSample; the endpoint page charts them and the autoscaler reads them.
+p50/p95 latency, mean requests in flight (Little's law over the interval), the most requests queued
+at once and routed replicas are written as an EndpointSample; the endpoint page charts them and the
+autoscaler reads them (a queue scales up at once).
 """
 
 import asyncio
@@ -167,6 +168,7 @@ class Router:
         self.indexed, self.by_id = None, {}  # the table current() indexed by endpoint id, and that index
         self.in_flight = {}  # replica id -> requests in flight
         self.waiting = {}  # endpoint id -> requests queued for a free replica
+        self.peak = {}  # endpoint id -> most requests queued at once since the last sample
         self.failed_probes = {}  # replica id -> /health failures in a row
         self.ejected = set()  # replica ids out of the routing until their /health passes again
         self.freed = {}  # endpoint id -> asyncio.Condition, notified when one of its requests ends
@@ -202,7 +204,7 @@ class Router:
         """(user id, {project ids the token reaches}) or None (clusters.access, as for every page)."""
         return access.token_projects(raw)
 
-    def write_samples(self, stats, seconds, routed):
+    def write_samples(self, stats, seconds, routed, peaks=None):
         now = timezone.now()
         rows = [
             EndpointSample(
@@ -215,6 +217,7 @@ class Router:
                 p95_ms=percentile(s.latencies, 0.95),
                 in_flight=s.busy / seconds if seconds else 0.0,
                 replicas=routed.get(endpoint_id, 0),
+                queued=(peaks or {}).get(endpoint_id, 0),
             )
             for endpoint_id, s in stats.items()
         ]
@@ -269,11 +272,12 @@ class Router:
             now = time.monotonic()
             seconds, self.interval_started = now - self.interval_started, now
             stats, self.stats = self.stats, {}
+            peaks, self.peak = self.peak, {}
             for route in self.routes.values():  # an endpoint with no traffic still has a sample (idle)
                 stats.setdefault(route.endpoint_id, Stats())
             routed = {route.endpoint_id: len(route.replicas) for route in self.routes.values()}
             try:
-                await asyncio.to_thread(self.write_samples, stats, seconds, routed)
+                await asyncio.to_thread(self.write_samples, stats, seconds, routed, peaks)
             except Exception:
                 log.exception("could not write the samples")
 
@@ -324,6 +328,7 @@ class Router:
         freed = self.freed.setdefault(key, asyncio.Condition())
         deadline = time.monotonic() + settings.ROUTER_QUEUE_SECONDS
         self.waiting[key] = self.waiting.get(key, 0) + 1
+        self.peak[key] = max(self.peak.get(key, 0), self.waiting[key])
         try:
             async with freed:
                 while (chosen := self.pick(self.current(route), tried)) is FULL:

@@ -69,7 +69,7 @@ def charts(endpoint):
     for row in rows:
         row["step"] = round((datetime.fromisoformat(row["time"]) - start).total_seconds())
     picked = {"requests_per_s": "requests/s", "p50_ms": "p50 latency (ms)", "p95_ms": "p95 latency (ms)",
-              "errors": "errors", "replicas": "replicas"}  # fmt: skip
+              "errors": "errors", "queued": "requests queued (most at once)", "replicas": "replicas"}  # fmt: skip
     found = {}
     for key, label in picked.items():
         chart = line_chart([r for r in rows if r[key] is not None], key)
