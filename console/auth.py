@@ -1,5 +1,10 @@
-"""DRF authentication with console API tokens sent as `Authorization: Bearer <token>`."""
+"""DRF authentication with console API tokens sent as `Authorization: Bearer <token>`; the scrape token
+Prometheus sends for /metrics (the console's and the router's)."""
 
+import hmac
+from pathlib import Path
+
+from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
@@ -34,3 +39,20 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer", "description": "A console API token (tcc_...)."}
+
+
+def scrape_token():
+    """The token METRICS_TOKEN_FILE holds, or "" when /metrics is off. Read from a file so it is never
+    in a process's command line or environment listing."""
+    path = settings.METRICS_TOKEN_FILE
+    return Path(path).read_text().strip() if path and Path(path).is_file() else ""
+
+
+def scrape_allowed(authorization):
+    """None when /metrics is off (answer 404), else whether `authorization` ("Bearer <token>") holds
+    the scrape token."""
+    expected = scrape_token()
+    if not expected:
+        return None
+    given = authorization.partition(" ")[2]
+    return hmac.compare_digest(given.encode(errors="replace"), expected.encode())

@@ -7,7 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from recipes.runs import views as recipes_views
 
-from . import views
+from . import metrics, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -27,6 +27,7 @@ urlpatterns = [
     path("accounts/login/", views.SignInView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("metrics", metrics.metrics, name="metrics"),
 ]
 
 handler404 = "console.views.not_found"

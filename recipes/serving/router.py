@@ -47,6 +47,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from clusters import access
+from console.auth import scrape_allowed
 
 from ..models import Endpoint, EndpointSample, EndpointStatus, ReplicaState
 
@@ -122,14 +123,6 @@ class Metrics:
         for endpoint_id, count in self.router.waiting.items():
             self.queued.labels(str(endpoint_id)).set(count)
         return generate_latest(self.registry)
-
-
-def metrics_token():
-    """The scrape token, or "" when /metrics is off."""
-    from pathlib import Path
-
-    path = settings.METRICS_TOKEN_FILE
-    return Path(path).read_text().strip() if path and Path(path).is_file() else ""
 
 
 class TokenCache:
@@ -470,15 +463,12 @@ class Router:
 
     async def scrape(self, request):
         """GET /metrics: Prometheus' text format, for the bearer METRICS_TOKEN_FILE holds (404 without one)."""
-        import hmac
-
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        expected = metrics_token()
-        if not expected:
+        allowed = scrape_allowed(request.headers.get("Authorization", ""))
+        if allowed is None:
             return json_response(404, error_body("no such path", 404))
-        given = request.headers.get("Authorization", "").partition(" ")[2]
-        if not hmac.compare_digest(given.encode(), expected.encode()):
+        if not allowed:
             return json_response(401, error_body("/metrics needs the scrape token", 401, code="invalid_api_key"))
         body = await asyncio.to_thread(self.metrics.text)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
