@@ -214,6 +214,8 @@ class Endpoint(models.Model):
     target_in_flight = models.FloatField(default=2.0)  # per replica; above it scales up
     target_p95_ms = models.FloatField(null=True, blank=True)  # optional: a p95 latency above it scales up too
     desired_replicas = models.PositiveIntegerField(default=1)
+    # GPUs of one node each replica takes (vLLM's tensor parallel size); 0 on a partition without GPUs.
+    gpus_per_replica = models.PositiveSmallIntegerField(default=0)
     status = models.CharField(max_length=10, choices=EndpointStatus.choices, default=EndpointStatus.STARTING)
     # The version whose roll failed (FAILED) and why: not tried again until the endpoint is changed.
     failed_version = models.ForeignKey(ModelVersion, models.SET_NULL, null=True, blank=True, related_name="+")

@@ -1,4 +1,5 @@
-"""What a cluster's partition offers a job: its node count, GPUs per node and accelerator."""
+"""What a cluster's partition offers a job: its node count, GPUs per node and accelerator, and the
+node a job there can count on."""
 
 from clusters import services as clusters
 from clusters.choices import NodeRole
@@ -16,3 +17,16 @@ def partition_shape(cluster, partition_name):
     gpus = min((clusters.gpus_per_node(cluster, p) for p in pools), default=0)
     accelerator = next((p.accelerator_type for p in pools if p.accelerator_type), "") if gpus else ""
     return nodes, gpus, accelerator
+
+
+def default_partition(cluster):
+    """The name of the cluster's default partition, or "" when it has none."""
+    return cluster.partitions.filter(is_default=True).values_list("name", flat=True).first() or ""
+
+
+def smallest_node(cluster, partition_name):
+    """The NodeShape (cpus, memory_mb, gpus) of the partition's smallest compute node: what a job there
+    can count on whichever node Slurm picks; None when the partition has no compute pool."""
+    shapes = [shape for pool, shape in clusters.node_shapes(cluster)
+              if shape and partition_name in {p.name for p in pool.partitions.all()}]  # fmt: skip
+    return min(shapes, key=lambda shape: (shape.gpus, shape.cpus, shape.memory_mb), default=None)

@@ -18,6 +18,7 @@ import pytest
 from django.conf import settings
 
 from clusters import processes
+from console.errors import FieldErrors
 from recipes import registry
 from recipes.models import Endpoint, EndpointStatus, Replica, ReplicaState
 
@@ -275,6 +276,7 @@ def deployable(alpha, alice_api, mlflow_server, tmp_path):
         ({"name": "Chat Bot"}, "name", "lowercase letters"),
         ({"target_in_flight": 0}, "target_in_flight", "from 0.1 to 1000"),
         ({"target_p95_ms": "fast"}, "target_p95_ms", "from 1 to 600000"),
+        ({"gpus_per_replica": 2}, "gpus_per_replica", "has no GPUs: replicas run on a CPU"),
     ],
 )
 def test_a_bad_endpoint_gets_a_400_naming_the_field_and_nothing_is_made(alice_api, deployable, change, field, reason):
@@ -331,14 +333,15 @@ import argparse, json
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 parser = argparse.ArgumentParser()
-for flag in ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size"):
+for flag in ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--dtype"):
     parser.add_argument(flag)
 args = parser.parse_args()
 
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
-        body = json.dumps({"data": [{"id": args.served_model_name, "tp": args.tensor_parallel_size}]}).encode()
+        body = json.dumps({"data": [{"id": args.served_model_name, "tp": args.tensor_parallel_size,
+                                     "dtype": args.dtype}]}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -367,7 +370,7 @@ def test_a_gpu_replica_runs_vllms_openai_server_and_announces_it(tmp_path):
         found = json.loads(announce.read_text())
         assert (found["host"], found["version"]) == ("127.0.0.1", "big:v3")
         with urllib.request.urlopen(f"http://127.0.0.1:{found['port']}/v1/models", timeout=5) as answer:
-            assert json.loads(answer.read())["data"] == [{"id": "chat", "tp": "2"}]
+            assert json.loads(answer.read())["data"] == [{"id": "chat", "tp": "2", "dtype": "bfloat16"}]
     finally:
         replica.terminate()
         replica.wait(timeout=30)
@@ -405,6 +408,24 @@ def test_a_gpu_partitions_replica_asks_for_a_gpu_and_runs_vllm(alpha, alice, set
 
     script = replica_script(endpoint, replica, "models/x/v1", Runtime)
     assert "#SBATCH --gpus-per-node=1" in script and "--engine vllm --gpus 1" in script
+    # Tensor parallel over half an A3 Ultra (8 H200, 224 vCPUs, 2,952 GB): half its CPUs and 90% of half
+    # its memory, as Slurm must give them (one CPU and no memory before: vLLM ran short of both).
+    checked = services_check(alpha, {"gpus_per_replica": 4}, endpoint)
+    assert checked["gpus_per_replica"] == 4
+    endpoint.gpus_per_replica = 4
+    script = replica_script(endpoint, replica, "models/x/v1", Runtime)
+    assert "#SBATCH --gpus-per-node=4" in script and "--engine vllm --gpus 4" in script
+    assert "#SBATCH --cpus-per-task=112" in script and f"#SBATCH --mem={int(2952 * 1024 * 0.5 * 0.9)}M" in script
+    for wrong, reason in ((3, "must be one of 1, 2, 4, 8"), (16, "at most the 8 GPUs of a node")):
+        with pytest.raises(FieldErrors) as refused:
+            services_check(alpha, {"gpus_per_replica": wrong}, endpoint)
+        assert reason in refused.value.errors["gpus_per_replica"][0]
+
+
+def services_check(project, data, current):
+    from recipes.serving import check
+
+    return check(project, data, current=current)
 
 
 @pytest.fixture

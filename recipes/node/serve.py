@@ -450,7 +450,7 @@ def serve_vllm(args, timeout=1800):
     port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
                "--served-model-name", args.served_name, "--host", "0.0.0.0", "--port", str(port),
-               "--tensor-parallel-size", str(args.gpus)]  # fmt: skip
+               "--tensor-parallel-size", str(args.gpus), "--dtype", "bfloat16"]  # fmt: skip
     # vLLM checks /v1's Authorization against VLLM_API_KEY: from the environment, which other accounts on
     # the node cannot read (an --api-key would show in every `ps`).
     environment = {**os.environ, "VLLM_API_KEY": args.token} if args.token else None

@@ -24,8 +24,8 @@ class EndpointSerializer(serializers.ModelSerializer):
     class Meta:
         model = Endpoint
         fields = ["id", "name", "cluster", "model", "version", "alias", "serving", "status", "failure",
-                  "min_replicas", "max_replicas", "target_in_flight", "target_p95_ms", "desired_replicas",
-                  "replicas", "created"]  # fmt: skip
+                  "min_replicas", "max_replicas", "target_in_flight", "target_p95_ms", "gpus_per_replica",
+                  "desired_replicas", "replicas", "created"]  # fmt: skip
 
     def get_failure(self, endpoint) -> dict | None:
         """The failed roll (status FAILED): the version and why; a PATCH, even empty, tries it again."""
@@ -54,6 +54,9 @@ class EndpointRequestSerializer(serializers.Serializer):
     target_in_flight = serializers.FloatField(required=False, default=2.0)
     target_p95_ms = serializers.FloatField(
         required=False, allow_null=True, help_text="scale up also when the p95 latency is above this (ms)"
+    )
+    gpus_per_replica = serializers.IntegerField(
+        required=False, help_text="GPUs of one node per replica (vLLM's tensor parallel size: 1, 2, 4 or 8); 0 on CPU"
     )
 
 

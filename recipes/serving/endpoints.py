@@ -37,6 +37,7 @@ from console.fields import whole_number
 
 from .. import registry
 from ..models import Endpoint, EndpointEvent, EndpointStatus, ModelVersion
+from ..partitions import default_partition, partition_shape
 from ..queue import later
 
 MAX_REPLICAS = 16
@@ -51,6 +52,32 @@ def event(endpoint, message):
 def whole(data, field, errors, low, high, default):
     value = data.get(field)
     return whole_number(default if value in (None, "") else value, field, errors, low=low, high=high)
+
+
+TENSOR_PARALLEL = (1, 2, 4, 8)
+
+
+def gpus_per_replica(cluster, data, current, errors):
+    """GPUs each replica takes on the cluster's default partition: vLLM's tensor parallel size (1, 2, 4
+    or 8, at most a node's GPUs: vLLM shards the model's attention heads over them, and a power of two
+    divides every catalog model's heads), 1 by default; 0 where the partition has no GPUs."""
+    partition = default_partition(cluster)
+    per_node = (partition_shape(cluster, partition) or (0, 0, ""))[1] if partition else 0
+    asked = data.get("gpus_per_replica")
+    if asked in (None, ""):
+        kept = current.gpus_per_replica if current is not None else None
+        return kept if kept is not None and (kept > 0) == (per_node > 0) else min(1, per_node)
+    number = whole_number(asked, "gpus_per_replica", errors, low=0, high=64)
+    if number is None:
+        return 0
+    if not per_node and number:
+        errors["gpus_per_replica"] = [f"the cluster's default partition ({partition or 'none'}) has no GPUs: replicas "
+                                      "run on a CPU (give 0 or leave it out)"]  # fmt: skip
+    elif per_node and (number not in TENSOR_PARALLEL or number > per_node):
+        allowed = ", ".join(str(n) for n in TENSOR_PARALLEL if n <= per_node)
+        errors["gpus_per_replica"] = [f"must be one of {allowed}: vLLM's tensor parallel size, at most the "
+                                      f"{per_node} GPUs of a node of partition {partition}"]  # fmt: skip
+    return number
 
 
 def check(project, data, *, current=None):
@@ -89,6 +116,9 @@ def check(project, data, *, current=None):
             errors["alias"] = [f"{model} has no alias {alias}; set it on the model first"]
         fields.update(alias=alias, version=None)
     fields["model_name"] = model
+    cluster = fields.get("cluster") or (current.cluster if current else None)
+    if cluster is not None:
+        fields["gpus_per_replica"] = gpus_per_replica(cluster, data, current, errors)
     low = whole(data, "min_replicas", errors, 1, MAX_REPLICAS, current.min_replicas if current else 1)
     high = whole(data, "max_replicas", errors, 1, MAX_REPLICAS, current.max_replicas if current else (low or 1))
     if low and high and low > high:

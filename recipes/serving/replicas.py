@@ -16,7 +16,7 @@ from console.errors import ConsoleError
 
 from .. import registry
 from ..models import ModelVersion, Replica, ReplicaState
-from ..partitions import partition_shape
+from ..partitions import default_partition, partition_shape, smallest_node
 from .endpoints import event
 
 
@@ -29,9 +29,18 @@ def wanted_version(endpoint):
 def replica_script(endpoint, replica, staged, runtime):
     home = clusters.shared_dir(endpoint.cluster)
     folder = f"{home}/{replica.folder}"
-    partition = endpoint.cluster.partitions.filter(is_default=True).values_list("name", flat=True).first() or ""
-    gpus = (partition_shape(endpoint.cluster, partition) or (0, 0, ""))[1] if partition else 0
-    engine = ["--engine", "vllm", "--gpus", "1"] if gpus else []  # one GPU per replica
+    partition = default_partition(endpoint.cluster)
+    per_node = (partition_shape(endpoint.cluster, partition) or (0, 0, ""))[1] if partition else 0
+    gpus = min(max(endpoint.gpus_per_replica, 1), per_node) if per_node else 0
+    engine = ["--engine", "vllm", "--gpus", str(gpus)] if gpus else []  # vLLM's tensor parallel size
+    cpus, memory = 1, None
+    node = smallest_node(endpoint.cluster, partition) if gpus else None
+    if node is not None and node.gpus:
+        # The node's CPUs and memory in proportion to its GPUs taken (vLLM's tokenizer and scheduler
+        # threads, and host memory to load the weights through), a tenth of the memory left to the OS.
+        share = gpus / node.gpus
+        cpus = max(1, int(node.cpus * share))
+        memory = f"{int(node.memory_mb * share * 0.9)}M" if node.memory_mb else None
     command = [
         runtime.python, "-m", "recipes.node.serve", "--model", f"{home}/{staged}", "--served-name", endpoint.name,
         "--version", replica.version_ref, "--announce", f"{folder}/announce.json",
@@ -43,8 +52,9 @@ def replica_script(endpoint, replica, staged, runtime):
             "partition": partition or None,
             "nodes": 1,
             "ntasks": 1,
-            "cpus-per-task": 1,
-            "gpus-per-node": 1 if gpus else None,
+            "cpus-per-task": cpus,
+            "mem": memory,
+            "gpus-per-node": gpus or None,
             "output": f"{folder}/slurm-%j.out",
         },
         environment={"XDG_CACHE_HOME": f"{folder}/.cache", "HF_HOME": f"{folder}/.cache/huggingface"},

@@ -18,7 +18,7 @@ from .. import serving
 from ..models import Endpoint, EndpointStatus, ModelVersion, ReplicaState
 
 FIELDS = ("project", "name", "cluster", "model", "version", "alias", "min_replicas", "max_replicas",
-          "target_in_flight", "target_p95_ms")  # fmt: skip
+          "target_in_flight", "target_p95_ms", "gpus_per_replica")  # fmt: skip
 
 
 def endpoint_list(request):
