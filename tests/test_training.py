@@ -5,6 +5,7 @@ another world size, and GRPO raises the reward of the shipped task. Persona: tom
 The fit check (recipes/runs/fit.py) refuses what cannot fit before anything is submitted."""
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -90,6 +91,27 @@ def test_grpo_raises_the_mean_reward_of_the_shipped_task(tmp_path):
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > first + 0.1, rewards
     assert json.loads((grpo / "checkpoints" / "step-60" / "meta.json").read_text())["format"] == "dcp"
+
+
+@pytest.mark.parametrize("recipe_id", ["gemma2-2b-dpo", "gemma2-2b-grpo"])
+def test_gemma_takes_preference_and_reward_tuning_from_its_pretrained_checkpoint(tmp_path, recipe_id):
+    """The catalog's Gemma RL recipes (tied embeddings, softcapped logits) run TRL's trainers from a
+    Gemma checkpoint as the Llama ones do: each step logged, a checkpoint and the export written."""
+    recipe = get_recipe(recipe_id)
+    tiny = recipe["profiles"]["tiny"]
+    shape = {k: tiny[k] for k in ("hidden_size", "intermediate_size", "layers", "heads", "kv_heads")}
+    train(config(tmp_path / "pre", "gemma", model=shape, tensor=1, steps=6, checkpoint_every=6))
+    tuned = config(
+        tmp_path / "rl", "gemma", kind="rl", model=shape, steps=4, checkpoint_every=4, log_every=1,
+        micro_batch=tiny["micro_batch"], dataset=str(ROOT / recipe["dataset"]),
+        init_from=str(tmp_path / "pre" / "checkpoints" / "step-6"), **recipe["rl"],
+    )  # fmt: skip
+    train(tuned)
+    lines = [json.loads(line) for line in (tuned / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4]
+    assert all(math.isfinite(line["loss"]) for line in lines)
+    assert (tuned / "checkpoints" / "step-4" / "meta.json").exists() and (tuned / "model" / "config.json").exists()
+    assert json.loads((tuned / "model" / "config.json").read_text())["model_type"] == "gemma2"
 
 
 def test_the_fit_check_refuses_70b_on_one_a3_ultra_node_and_takes_the_catalogs_layout():
