@@ -3,6 +3,7 @@ node a job there can count on."""
 
 from clusters import services as clusters
 from clusters.choices import NodeRole
+from clusters.spec.catalog import MachineType, machine_type_info
 
 
 def partition_shape(cluster, partition_name):
@@ -30,3 +31,15 @@ def smallest_node(cluster, partition_name):
     shapes = [shape for pool, shape in clusters.node_shapes(cluster)
               if shape and partition_name in {p.name for p in pool.partitions.all()}]  # fmt: skip
     return min(shapes, key=lambda shape: (shape.gpus, shape.cpus, shape.memory_mb), default=None)
+
+
+def gpu_network(cluster, partition_name):
+    """The GPU network of the partition's machine type (rdma, tcpxo, tcpx; machine_types.json's
+    `fabric`), or "" where its nodes have no GPUs on this backend."""
+    shape = partition_shape(cluster, partition_name)
+    if not shape or not shape[1]:
+        return ""
+    partition = cluster.partitions.filter(name=partition_name).prefetch_related("node_pools").first()
+    pools = [p for p in partition.node_pools.all() if p.role == NodeRole.COMPUTE]
+    fabrics = {(machine_type_info(p.machine_type) or MachineType(p.machine_type, 0, 0)).fabric for p in pools}
+    return fabrics.pop() if len(fabrics) == 1 else ""  # pools of two networks: NCCL's own defaults

@@ -483,6 +483,10 @@ def test_a_node_image_is_baked_through_the_compute_api(fake, alpha):
 
     script = bake_script(gpu=True, family="tcc-gpu-node", stamp="x")
     assert "slurmd" in script and "datacenter-gpu-manager" in script and "@" not in script
+    # The GPU networks' NCCL plugins and TCPXO's daemon are baked: nodes have no route to pull them.
+    for image in ("gpudirect-gib/nccl-plugin-gib:v1.1.0", "gpudirect-tcpxo/nccl-plugin-gpudirecttcpx-dev:v1.0.8-1",
+                  "gpudirect-tcpxo/tcpgpudmarxd-dev:v1.0.14"):  # fmt: skip
+        assert f'="us-docker.pkg.dev/gce-ai-infra/{image}"' in script
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 

@@ -160,6 +160,60 @@ def test_a_launch_that_cannot_fit_is_refused_with_the_numbers(alpha, alice, sett
     )  # the loss in chunks: 1.3 GB of logits, not 11.8
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("architecture", "recipe_id", "nodes", "cpus", "network"),
+    [
+        ("a3-ultra", "llama3.1-8b-pretrain", 2, 28, [
+            "source /usr/local/gib/scripts/set_nccl_env.sh", "export NCCL_NET=gIB",
+            "export NCCL_SOCKET_IFNAME=enp0s19,enp192s20"]),
+        ("a3-mega", "gemma2-2b-pretrain", 1, 26, [
+            "NCCL_LIB_DIR=/var/lib/tcpxo/lib64 source /var/lib/tcpxo/lib64/nccl-env-profile.sh",
+            "export NCCL_FASTRAK_CTRL_DEV=enp0s12", "export NCCL_SOCKET_IFNAME=enp0s12"]),
+    ],
+)  # fmt: skip
+def test_a_gpu_runs_script_takes_whole_nodes_and_sets_nccl_up_for_the_machines_network(
+    alpha, alice, settings, tmp_path, architecture, recipe_id, nodes, cpus, network
+):
+    """A full-size run's script as Google's Slurm examples write theirs: whole nodes, all their memory,
+    each rank's share of the CPUs, and NCCL pointed at the machine type's GPU network and plugin (gIB
+    for RDMA on A3 Ultra, GPUDirect-TCPXO on A3 Mega). Without them NCCL ran over the system NIC's TCP."""
+    from types import SimpleNamespace
+
+    from clusters import services
+    from clusters.spec.reference import build_spec
+    from recipes import runs
+    from recipes.runs.launch import render_script
+
+    from .conftest import provisioned
+
+    settings.GCE_REACH_CLUSTERS = False
+    alpha.gcp_project_id = "tcc-test"
+    alpha.save()
+    spec = build_spec(architecture, display_name="big", zone="us-central1-b", nodes=nodes, backend="gce")
+    cluster = services.create_cluster(project=alpha, name="big", spec=spec, user=alice).cluster
+    provisioned(pk=cluster.pk)
+    launch = runs.validate_launch(cluster, {"recipe": recipe_id, "profile": "full", "nodes": nodes}, stage=False)
+    runtime = SimpleNamespace(python="/opt/tcc/venv/bin/python", folder=str(tmp_path))
+    script = render_script("run", launch, tmp_path, runtime)
+    for directive in ("--exclusive", "--mem=0", f"--cpus-per-task={cpus}", "--gpus-per-node=8", "--ntasks-per-node=8"):
+        assert f"#SBATCH {directive}\n" in script
+    prelude = script[: script.index("srun ")]
+    assert all(line in prelude for line in network), prelude
+    # The prelude runs under the script's strict mode: on a node without the plugin it says so and goes on.
+    lines = prelude.splitlines()
+    after = lines[lines.index("set -euo pipefail") + 1 :]
+    runnable = "\n".join(["set -euo pipefail", *after, "env | grep -E '^(NCCL_|LD_LIBRARY_PATH)' | sort"])
+    done = subprocess.run(
+        ["bash", "-c", runnable], capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"}
+    )
+    assert done.returncode == 0, done.stderr
+    assert "NCCL uses TCP sockets" in done.stderr
+    exported = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    assert exported["NCCL_SOCKET_IFNAME"] == network[-1].split("=", 1)[1]
+    assert exported["LD_LIBRARY_PATH"].startswith(("/usr/local/gib/lib64:", "/var/lib/tcpxo/lib64:"))
+
+
 def test_a_hugging_face_folder_starts_a_run_exactly_as_the_checkpoint_it_was_exported_from(tmp_path):
     pretrained = config(tmp_path / "pre", tensor=1, steps=20, checkpoint_every=20)
     train(pretrained)

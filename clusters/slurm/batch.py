@@ -10,8 +10,10 @@ checked against a real slurmrestd (tests/test_slurm_rest.py). An option outside 
 with its line number, never dropped: a job must not run with fewer constraints than its script asks.
 """
 
+import json
 import re
 import shlex
+from pathlib import Path
 
 from ..work import PermanentBackendError
 
@@ -156,3 +158,31 @@ def render(options, *, body, environment=None, folder=None):
     lines.extend(body)
     lines.append("")
     return "\n".join(lines)
+
+
+NCCL = Path(__file__).resolve().parent.parent / "data" / "nccl.json"
+
+
+def nccl_lines(fabric):
+    """The lines a job script runs before srun so NCCL uses the machine type's GPU network (`fabric`
+    from clusters/data/machine_types.json: rdma for gIB on A3 Ultra and A4, tcpxo for A3 Mega), as
+    clusters/data/nccl.json says Google's examples set it up; [] for none (CPU nodes, the local
+    backend). A plugin missing from the image is said on the job's output, and NCCL falls back to
+    sockets rather than the job failing."""
+    setup = json.loads(NCCL.read_text()).get(fabric) if fabric else None
+    if not setup:
+        return []
+    profile = shlex.quote(setup["profile"])
+    before = " ".join(f"{k}={shlex.quote(v)}" for k, v in setup.get("profile_environment", {}).items())
+    lines = [
+        f"# NCCL over the {fabric} GPU network (clusters/data/nccl.json)",
+        f"if [ -r {profile} ]; then",
+        # Vendor scripts read variables they may not find set: not under `set -u`.
+        f"  set +u; {before + ' ' if before else ''}source {profile}; set -u",
+        "else",
+        f'  echo "warning: {setup["profile"]} is not on this node: NCCL uses TCP sockets" >&2',
+        "fi",
+    ]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in setup["environment"].items()]
+    lines.append(f'export LD_LIBRARY_PATH={shlex.quote(setup["library_path"])}:"${{LD_LIBRARY_PATH:-}}"')
+    return lines

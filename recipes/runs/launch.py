@@ -33,7 +33,7 @@ from console.fields import whole_number
 from .. import registry
 from ..catalog import get_recipe, model_shape, recipes
 from ..models import ModelVersion, Run, RunStatus
-from ..partitions import partition_shape
+from ..partitions import gpu_network, partition_shape, smallest_node
 from . import fit
 from .follow import in_run, latest_checkpoint
 
@@ -132,6 +132,7 @@ def validate_launch(cluster, data, *, stage=True):
         "init_from": init_from,
         "ranks_per_node": ranks,
         "gpus_per_node": min(profile.get("gpus_per_node", 0), shape[1]),
+        **gpu_job(cluster, partition, ranks, shape[1]),
         "tensor": tensor,
         "data": data_ranks,
         "accumulation": accumulation,
@@ -143,6 +144,15 @@ def validate_launch(cluster, data, *, stage=True):
         "alias": alias,
         "watch": watch,
     }
+
+
+def gpu_job(cluster, partition, ranks, gpus):
+    """What a GPU run's script needs of its nodes: the GPU network NCCL is set up for, and each rank's
+    share of a node's CPUs. Nothing for a run on CPUs."""
+    if not gpus:
+        return {}
+    node = smallest_node(cluster, partition)
+    return {"network": gpu_network(cluster, partition), "cpus_per_rank": max(1, node.cpus // ranks) if node else None}
 
 
 def alias_option(data, register_as, errors):
@@ -384,13 +394,19 @@ def render_script(run_name, launch, work_dir, runtime):
     output appended across requeues; it starts the console's training entry point from the runtime in
     the cluster's home."""
     cache = work_dir / ".cache"
+    gpus = launch["gpus_per_node"]
     return batch.render(
         {
             "job-name": run_name,
             "partition": launch["partition"],
             "nodes": launch["nodes"],
             "ntasks-per-node": launch["ranks_per_node"],
-            "gpus-per-node": launch["gpus_per_node"] or None,
+            "gpus-per-node": gpus or None,
+            # A GPU run takes its nodes whole, as Google's examples do: every GPU, NIC and byte of memory
+            # (--mem=0), and its share of the CPUs per rank for the data loader and NCCL's proxy threads.
+            "exclusive": bool(gpus) or None,
+            "mem": "0" if gpus else None,
+            "cpus-per-task": launch.get("cpus_per_rank") if gpus else None,
             "output": f"{work_dir}/slurm-%j.out",
             "open-mode": "append",
             "requeue": True,
@@ -398,7 +414,10 @@ def render_script(run_name, launch, work_dir, runtime):
         # The job runs as its user's account: caches go in the run's folder, not a home it may lack.
         environment={"XDG_CACHE_HOME": cache, "HF_HOME": cache / "huggingface"},
         folder=runtime.folder,
-        body=[f"srun {shlex.quote(runtime.python)} -m recipes.node.train {shlex.quote(str(work_dir / 'config.json'))}"],
+        body=[
+            *batch.nccl_lines(launch.get("network", "")),
+            f"srun {shlex.quote(runtime.python)} -m recipes.node.train {shlex.quote(str(work_dir / 'config.json'))}",
+        ],
     )
 
 

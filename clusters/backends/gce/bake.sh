@@ -10,6 +10,10 @@ set -uo pipefail
 GPU="@GPU@"
 FAMILY="@FAMILY@"
 STAMP="@STAMP@"
+# The GPU networks' NCCL plugins and TCPXO's daemon (clusters/data/nccl.json).
+GIB_INSTALLER="@GIB_INSTALLER@"
+TCPXO_INSTALLER="@TCPXO_INSTALLER@"
+TCPXO_DAEMON="@TCPXO_DAEMON@"
 
 fail() { echo "tcc-startup: FAILED: $*" >&2; exit 1; }
 export DEBIAN_FRONTEND=noninteractive
@@ -35,6 +39,21 @@ if [ -n "$GPU" ]; then
     "https://developer.download.nvidia.com/compute/cuda/repos/$release/x86_64/cuda-keyring_1.1-1_all.deb" \
     && dpkg -i /tmp/cuda-keyring.deb >/dev/null && apt-get update -qq \
     && apt-get install -y -qq datacenter-gpu-manager >/dev/null || fail "installing DCGM"
+  # The GPU networks' NCCL plugins, from Google's installer images as Cluster Toolkit's Slurm images
+  # install them (clusters/data/nccl.json: how a job's script then points NCCL at them): gIB for RDMA
+  # (A3 Ultra, A4) into /usr/local/gib, GPUDirect-TCPXO (A3 Mega) into /var/lib/tcpxo, and TCPXO's
+  # receive-datapath manager, which startup.sh runs on A3 Mega nodes (docker with NVIDIA's runtime).
+  apt-get install -y -qq docker.io nvidia-container-toolkit >/dev/null || fail "installing docker and NVIDIA's container runtime"
+  nvidia-ctk runtime configure --runtime=docker >/dev/null && systemctl restart docker || fail "configuring docker for GPUs"
+  ! command -v gcloud >/dev/null || gcloud -q auth configure-docker us-docker.pkg.dev >/dev/null 2>&1 || true
+  mkdir -p /usr/local/gib
+  docker run --rm --volume /usr/local/gib:/var/lib/gib "$GIB_INSTALLER" install --install-nccl \
+    || fail "installing the gIB NCCL plugin"
+  chmod -R a+rX /usr/local/gib
+  docker run --rm --network=host --volume /var/lib:/var/lib "$TCPXO_INSTALLER" install --install-nccl \
+    || fail "installing the GPUDirect-TCPXO NCCL plugin"
+  chmod -R a+rX /var/lib/tcpxo
+  docker pull -q "$TCPXO_DAEMON" >/dev/null || fail "pulling GPUDirect-TCPXO's receive-datapath manager"
 fi
 
 # The node runtime: the health checks and recipes run with it (GCE_NODE_PYTHON=/opt/tcc/venv/bin/python).

@@ -11,6 +11,7 @@ GCE_IMAGE (or GCE_GPU_IMAGE) names `projects/P/global/images/family/<family>`: n
 newest image of the family (https://cloud.google.com/compute/docs/images/image-families-best-practices).
 """
 
+import json
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from .errors import map_api_error
 from .instances import serial_outcome
 
 BAKE = Path(__file__).resolve().parent / "bake.sh"
+NCCL = Path(__file__).resolve().parents[2] / "data" / "nccl.json"
 # Base images: Debian 12 for CPU nodes; for GPU nodes Ubuntu's accelerator image, which carries the
 # NVIDIA driver (https://cloud.google.com/compute/docs/gpus/install-drivers-gpu).
 CPU_BASE = "projects/debian-cloud/global/images/family/debian-12"
@@ -114,8 +116,11 @@ def build(clients, project, zone, *, gpu=False, family="", base="", report=print
 
 
 def bake_script(*, gpu, family, stamp):
+    nccl = json.loads(NCCL.read_text())
+    images = {"GIB_INSTALLER": nccl["rdma"]["installer"], "TCPXO_INSTALLER": nccl["tcpxo"]["installer"],
+              "TCPXO_DAEMON": nccl["tcpxo"]["daemon"]}  # fmt: skip
     text = BAKE.read_text()
-    for key, value in {"GPU": "1" if gpu else "", "FAMILY": family, "STAMP": stamp}.items():
+    for key, value in {"GPU": "1" if gpu else "", "FAMILY": family, "STAMP": stamp, **images}.items():
         text = text.replace(f"@{key}@", value)
     return text
 

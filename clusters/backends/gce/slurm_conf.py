@@ -1,6 +1,7 @@
 """Slurm on a gce cluster's VMs: slurm.conf rendered from the spec, the startup script, and the
 metadata the controller and login nodes read (slurm.conf, gres.conf, prolog, epilog, the agent)."""
 
+import json
 from pathlib import Path
 
 from django.conf import settings
@@ -226,6 +227,15 @@ def gcsfuse_flags(options):
     return " ".join([*flags, "-o", ",".join(dict.fromkeys(fuse))])
 
 
+NCCL = Path(__file__).resolve().parents[2] / "data" / "nccl.json"
+
+
+def machine_fabric(pool):
+    """The pool's GPU network (machine_types.json's `fabric`: rdma, tcpxo, tcpx) or ""."""
+    info = machine_type_info(pool["machine_spec"]["machine_type"])
+    return info.fabric if info else ""
+
+
 def startup_script(cloud, pool, role):
     """The node's startup script: install Slurm, join the controller, mount /home, Lustre and buckets."""
     storage = cloud.storage
@@ -246,6 +256,8 @@ def startup_script(cloud, pool, role):
         "GCS_MOUNTS": ";".join(mounts),
         "EXISTING_MOUNTS": ";".join(storage_mod.existing_mounts(cloud, pool)),
         "GPUS": str(gpus),
+        "FABRIC": machine_fabric(pool) if gpus else "",
+        "TCPXO_DAEMON": json.loads(NCCL.read_text())["tcpxo"]["daemon"],
         "SECRETS": settings.GCE_SECRET_MANAGER_ENDPOINT or "https://secretmanager.googleapis.com",
         "SHARED": SHARED,
         "SLURMRESTD_PORT": str(settings.GCE_SLURMRESTD_PORT),

@@ -27,6 +27,8 @@ LUSTRE_MOUNT='@LUSTRE_MOUNT@'
 EXISTING_MOUNTS='@EXISTING_MOUNTS@'
 GCS_MOUNTS='@GCS_MOUNTS@'
 GPUS='@GPUS@'
+FABRIC='@FABRIC@'  # the machine type's GPU network (clusters/data/machine_types.json): rdma, tcpxo, tcpx or ''
+TCPXO_DAEMON='@TCPXO_DAEMON@'
 SECRETS='@SECRETS@'
 SHARED='@SHARED@'
 SLURMRESTD_PORT='@SLURMRESTD_PORT@'
@@ -253,6 +255,16 @@ if [ "$ROLE" = compute ] && [ "$GPUS" -gt 0 ]; then
 fi
 
 close_metadata  # before munged and slurmd: no job runs here until it is closed
+
+# -- GPUDirect-TCPXO (A3 Mega): its receive-datapath manager runs before any job's NCCL starts -------
+if [ "$ROLE" = compute ] && [ "$FABRIC" = tcpxo ] && [ -z "$SIMULATED" ]; then
+  modprobe import-helper || fail "loading GPUDirect-TCPXO's import-helper module (is this the console's GPU image?)"
+  docker inspect receive-datapath-manager >/dev/null 2>&1 || docker run --name receive-datapath-manager --detach \
+    --restart=always --pull=never --cap-add=NET_ADMIN --network=host --privileged --gpus all \
+    --volume /usr/lib32:/usr/local/nvidia/lib64 --volume /dev/dmabuf_import_helper:/dev/dmabuf_import_helper \
+    --env LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu "$TCPXO_DAEMON" --num_hops=2 --num_nics=8 --uid= --alsologtostderr \
+    >/dev/null || fail "starting GPUDirect-TCPXO's receive-datapath manager"
+fi
 
 if systemd_booted; then  # Debian's own units start with its defaults; ours (below) run instead
   systemctl disable --now slurmctld slurmd slurmrestd 2>/dev/null || true
