@@ -44,6 +44,13 @@ def test_it_reads_long_short_and_flag_options_until_the_first_command():
     }
 
 
+def test_mem_0_asks_for_all_of_each_nodes_memory_not_one_megabyte():
+    """sbatch(1): --mem=0 gives the job all the memory of each node (what a GPU run's script asks for).
+    It became memory_per_node 1 (a rounding-up floor), which Slurm would enforce as a 1 MB limit."""
+    assert job_properties("#SBATCH --mem=0 --exclusive\n")["memory_per_node"] == 0
+    assert job_properties("#SBATCH --mem=1K\n")["memory_per_node"] == 1  # a small request still rounds up
+
+
 def test_the_last_of_requeue_and_no_requeue_wins_and_exclusive_takes_a_value():
     assert job_properties("#SBATCH --requeue\n#SBATCH --no-requeue --exclusive=user\n") == {
         "no_requeue": True,

@@ -100,6 +100,8 @@ def megabytes(value, number):
     match = re.fullmatch(r"(\d+)([KMGT]?)B?", value.upper())
     if not match:
         raise BatchScriptError(f"line {number}: memory must be a number with K, M, G or T, not {value!r}")
+    if int(match.group(1)) == 0:
+        return 0  # --mem=0: all of each node's memory (sbatch(1)), not the 1 MB a rounding up would ask for
     return max(1, int(int(match.group(1)) * UNITS[match.group(2) or "M"]))
 
 
