@@ -13,6 +13,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -21,6 +22,7 @@ from clusters import processes
 from console.errors import FieldErrors
 from recipes import registry
 from recipes.models import Endpoint, EndpointStatus, Replica, ReplicaState
+from recipes.node import chat
 
 from .conftest import Worker, api_client_for, example_spec, purge_queue, stop_local_clusters, wait_until
 from .factories import a_version, call, fresh
@@ -333,7 +335,8 @@ import argparse, json
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 parser = argparse.ArgumentParser()
-for flag in ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--dtype"):
+for flag in ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--dtype",
+             "--chat-template"):
     parser.add_argument(flag)
 args = parser.parse_args()
 
@@ -341,7 +344,7 @@ args = parser.parse_args()
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         body = json.dumps({"data": [{"id": args.served_model_name, "tp": args.tensor_parallel_size,
-                                     "dtype": args.dtype}]}).encode()
+                                     "dtype": args.dtype, "chat_template": args.chat_template}]}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -370,7 +373,10 @@ def test_a_gpu_replica_runs_vllms_openai_server_and_announces_it(tmp_path):
         found = json.loads(announce.read_text())
         assert (found["host"], found["version"]) == ("127.0.0.1", "big:v3")
         with urllib.request.urlopen(f"http://127.0.0.1:{found['port']}/v1/models", timeout=5) as answer:
-            assert json.loads(answer.read())["data"] == [{"id": "chat", "tp": "2", "dtype": "bfloat16"}]
+            [served] = json.loads(answer.read())["data"]
+        assert (served["id"], served["tp"], served["dtype"]) == ("chat", "2", "bfloat16")
+        # The folder has no chat template: vLLM is given the console's, from the replica's own folder.
+        assert Path(served["chat_template"]).read_text() == chat.TEMPLATE
     finally:
         replica.terminate()
         replica.wait(timeout=30)
@@ -824,6 +830,25 @@ def test_a_roll_whose_new_replica_never_serves_fails_keeps_the_old_serving_and_w
     assert again.status == EndpointStatus.FAILED and len(started) == 2
     assert again.failure == f"replica {started[1].pk}: not serving 2400 s after it was submitted"
     assert Replica.objects.get(pk=old.pk).state == ReplicaState.READY
+
+
+def test_a_fine_tuned_model_is_asked_in_exactly_the_form_it_was_trained_on(tmp_path):
+    """SFT trained on "### Question: ...\\n### Answer: " after BOS; the CPU replica asked chat requests as
+    "user: ...\\nassistant:" with no BOS, so a fine-tuned model answered a prompt it had never seen. One
+    template (recipes/node/chat.py, saved in every export's tokenizer) now renders both, and vLLM too."""
+    from recipes.node import serve, train
+
+    from .factories import tiny_model
+
+    folder = tiny_model(tmp_path / "model")
+    model = serve.Model(folder, "chat", "tiny:v1")
+    messages = [{"role": "user", "content": "Name a colour"}]
+    asked = serve.chat_prompt(model, messages)
+    trained = train.sft_prompt(train.ByteTokenizer(), "Name a colour")
+    assert asked.ids == trained == train.sft_prompt(train.FolderTokenizer(folder), "Name a colour")
+    assert trained == [train.ByteTokenizer.bos, *b"### Question: Name a colour\n### Answer: "]
+    assert (folder / "chat_template.jinja").read_text() == chat.TEMPLATE  # what transformers saves
+    assert serve.chat_template_file(folder, tmp_path) is None  # vLLM reads the folder's own
 
 
 def test_a_replica_counts_its_requests_in_flight_on_its_health(monkeypatch):

@@ -45,6 +45,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from recipes.node import chat as chat_format
+
 # torch and the libraries on top of it are imported inside the functions that use them (start-up cost:
 # torch alone takes about 1.4 s), so `--help`, the health agent and the console's imports stay fast.
 
@@ -122,7 +124,10 @@ class Model:
             raise BadRequest(f"max_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}", "max_tokens")
         if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2:
             raise BadRequest("temperature must be a number from 0 to 2", "temperature")
-        ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
+        if isinstance(prompt, ChatPrompt):
+            ids = torch.tensor([prompt.ids])
+        else:
+            ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
         if ids.shape[1] + max_tokens > self.context:
             raise BadRequest(
                 f"This model's maximum context length is {self.context} tokens; the prompt has {ids.shape[1]} "
@@ -200,15 +205,24 @@ class Model:
                 return "".join(text), finish, usage
 
 
-def chat_prompt(messages):
+class ChatPrompt(str):
+    """A chat request rendered with the model's template (the text) and its token ids, BOS included as
+    the template places it: what SFT trained the model on (recipes/node/chat.py)."""
+
+    def __new__(cls, text, ids):
+        made = super().__new__(cls, text)
+        made.ids = ids
+        return made
+
+
+def chat_prompt(model, messages):
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", "messages")
-    lines = []
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("content"), str):
             raise BadRequest("each message needs a role and a string content", "messages")
-        lines.append(f"{message.get('role', 'user')}: {message['content']}")
-    return "\n".join(lines) + "\nassistant:"
+    turns = [{"role": m.get("role", "user"), "content": m["content"]} for m in messages]
+    return ChatPrompt(*chat_format.prompt_ids(model.tokenizer, turns))
 
 
 class Counter:
@@ -309,7 +323,7 @@ def handler_for(model, token=""):
                     return self.answer(HTTPStatus.NOT_FOUND, error("no such path", code="not_found"))
                 options = Options(body, self.path)
                 chat = self.path == "/v1/chat/completions"
-                prompt = chat_prompt(body.get("messages")) if chat else body.get("prompt")
+                prompt = chat_prompt(model, body.get("messages")) if chat else body.get("prompt")
                 if options.stream:
                     pieces = model.generate(prompt, options)
                     first = next(pieces, None)  # a bad request fails here, before the 200 is sent
@@ -441,6 +455,22 @@ def stop_engine(server):
         killer.start()
 
 
+def chat_template_file(model, folder):
+    """vLLM uses a model folder's own chat template; for a folder without one (a model whose tokenizer
+    was saved before templates, or an HF folder lacking it), the console's format in a file of the
+    replica's `folder`, so vLLM asks as the CPU replica and SFT do. None when the folder has its own."""
+    config = Path(model) / "tokenizer_config.json"
+    try:
+        own = json.loads(config.read_text()).get("chat_template") if config.exists() else None
+    except ValueError:
+        own = None
+    if own or (Path(model) / "chat_template.jinja").exists():
+        return None
+    path = Path(folder) / "chat_template.jinja"
+    path.write_text(chat_format.TEMPLATE)
+    return path
+
+
 def serve_vllm(args, timeout=1800):
     """GPU partitions: vLLM's own OpenAI-compatible server on the node's GPUs (it must be installed in
     the nodes' image), announced once its /health answers; this process lives as long as it does, and
@@ -451,6 +481,9 @@ def serve_vllm(args, timeout=1800):
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
                "--served-model-name", args.served_name, "--host", "0.0.0.0", "--port", str(port),
                "--tensor-parallel-size", str(args.gpus), "--dtype", "bfloat16"]  # fmt: skip
+    template = chat_template_file(args.model, Path(args.announce).parent)
+    if template:
+        command += ["--chat-template", str(template)]
     # vLLM checks /v1's Authorization against VLLM_API_KEY: from the environment, which other accounts on
     # the node cannot read (an --api-key would show in every `ps`).
     environment = {**os.environ, "VLLM_API_KEY": args.token} if args.token else None

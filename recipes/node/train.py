@@ -26,7 +26,7 @@ import types
 from pathlib import Path
 
 from clusters.rendezvous import dist_env, leave
-from recipes.node import distributed
+from recipes.node import chat, distributed
 
 # torch and the libraries on top of it are imported inside the functions that use them (start-up cost:
 # torch alone takes about 1.4 s), so `--help`, the health agent and the console's imports stay fast.
@@ -240,6 +240,15 @@ def batches(tokens, seq_len, global_batch, position, seed):
         yield position, x, y
 
 
+def sft_prompt(tokenizer, prompt):
+    """An SFT example's prompt ids: the question in the model's chat format up to the answer's cue
+    (recipes/node/chat.py), as a replica renders a chat request, BOS first."""
+    messages = [{"role": "user", "content": prompt}]
+    if isinstance(tokenizer, FolderTokenizer):
+        return chat.prompt_ids(tokenizer.hf, messages)[1]
+    return tokenizer.encode(chat.render(messages))[:-1]  # ByteTokenizer: BOS, the bytes (no EOS)
+
+
 def sft_batches(examples, tokenizer, seq_len, global_batch, position):
     """Instruction data with the loss on the response only: prompt tokens are labelled -100."""
     import torch
@@ -248,7 +257,7 @@ def sft_batches(examples, tokenizer, seq_len, global_batch, position):
         xs, ys = [], []
         for i in range(global_batch):
             example = examples[(position * global_batch + i) % len(examples)]
-            prompt = tokenizer.encode(f"### Question: {example['prompt']}\n### Answer: ")[:-1]
+            prompt = sft_prompt(tokenizer, example["prompt"])
             answer = tokenizer.encode(example["response"])[1:]
             ids = (prompt + answer)[: seq_len + 1]
             ids += [tokenizer.pad] * (seq_len + 1 - len(ids))
@@ -501,9 +510,11 @@ def hf_tokenizer():
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
+    made = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
     )
+    made.chat_template = chat.TEMPLATE  # saved with every export: each engine asks in the trained format
+    return made
 
 
 def word_reward(completions, answers, **kwargs):
