@@ -5,6 +5,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
+from django.db.models import Count, Sum
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -12,7 +13,9 @@ from django.views.defaults import page_not_found
 from django.views.defaults import server_error as defaults_server_error
 
 from clusters import access
+from clusters.models import HealthResult
 from clusters.views import status_counts
+from recipes.models import Endpoint, EndpointSample, EndpointStatus, ModelVersion, Run, RunStatus
 
 from .errors import surface_error
 from .models import APIToken, SignInFailure
@@ -77,10 +80,62 @@ def server_error(request):
 
 
 def dashboard(request):
+    """The projects' overview: clusters with their health, runs in progress, the newest model versions
+    and the endpoints with their traffic; all from the database (what the syncs and the router wrote)."""
     projects = access.projects(request.user).prefetch_related("clusters")
     clusters = list(access.clusters(request.user))
-    context = {"projects": projects, "clusters": clusters, "counts": status_counts(clusters)}
+    failing = dict(
+        HealthResult.objects.filter(cluster__in=clusters, latest=True, status="fail")
+        .values_list("cluster_id").annotate(nodes=Count("node", distinct=True)).order_by()
+    )  # fmt: skip
+    for cluster in clusters:
+        cluster.failing_nodes = failing.get(cluster.pk, 0)
+    context = {
+        "projects": projects,
+        "clusters": clusters,
+        "counts": status_counts(clusters),
+        "runs": runs_in_progress(projects),
+        "versions": ModelVersion.objects.filter(project__in=projects).select_related("project")
+        .order_by("-created")[:6],
+        "endpoints": endpoints_with_traffic(projects),
+    }  # fmt: skip
     return render(request, "console/dashboard.html", context)
+
+
+def runs_in_progress(projects, limit=8):
+    """The projects' runs not yet done, newest first, each with its last logged step and loss."""
+    runs = list(
+        Run.objects.filter(cluster__project__in=projects).exclude(status__in=RunStatus.done())
+        .select_related("cluster__project").order_by("-created")[:limit]
+    )  # fmt: skip
+    for run in runs:
+        last = run.metric_rows.order_by("-line").values_list("values", flat=True).first() or {}
+        run.last_step, run.last_loss = last.get("step"), last.get("loss")
+        run.progress = round(100 * (last.get("step") or 0) / run.steps) if run.steps else 0
+    return runs
+
+
+def endpoints_with_traffic(projects, minutes=5):
+    """The projects' live endpoints with requests/s and 5xx errors over the router's last `minutes`."""
+    since = timezone.now() - timedelta(minutes=minutes)
+    endpoints = list(
+        Endpoint.objects.filter(project__in=projects, status__in=EndpointStatus.live())
+        .select_related("project", "serving").order_by("project__slug", "name")
+    )  # fmt: skip
+    traffic = {
+        row["endpoint_id"]: row
+        for row in EndpointSample.objects.filter(endpoint__in=endpoints, time__gte=since)
+        .values("endpoint_id").annotate(requests=Sum("requests"), errors=Sum("errors"))
+        .order_by()
+    }  # fmt: skip
+    now = timezone.now()
+    for endpoint in endpoints:
+        row = traffic.get(endpoint.pk) or {}
+        # Over the window (or the endpoint's life if shorter): several routers' samples add up.
+        window = min(minutes * 60, max(1.0, (now - endpoint.created).total_seconds()))
+        endpoint.requests_per_s = (row.get("requests") or 0) / window
+        endpoint.errors = row.get("errors") or 0
+    return endpoints
 
 
 TOKEN_DAYS = (7, 30, 90, 365)

@@ -48,6 +48,44 @@ def test_it_lists_alices_clusters_on_the_dashboard(alice_web, demo):
     assert "Provisioning" in content
 
 
+def test_the_dashboard_is_the_projects_overview_and_shows_charlie_none_of_it(alice_web, demo, client, charlie,
+                                                                            charlies_project):  # fmt: skip
+    """alice sees at a glance what is happening in alpha: the cluster with a node failing its checks, the
+    run training (its bar and loss), the newest model version, and the endpoint's traffic and errors.
+    The dashboard listed clusters only."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from clusters.models import HealthResult
+    from recipes.models import Endpoint, EndpointSample, ModelVersion, Run, RunMetric, RunStatus
+
+    empty = alice_web.get("/").content.decode()
+    for invitation in ("Nothing is training", "No model registered yet", "register one first"):
+        assert invitation in empty  # each empty section says what to do next
+    scan = Operation.objects.create(cluster=demo, kind="SCAN", status=OperationStatus.SUCCEEDED)
+    HealthResult.objects.create(operation=scan, cluster=demo, node="cpu-1", check_name="gpu", status="fail",
+                                latest=True)  # fmt: skip
+    run = Run.objects.create(cluster=demo, recipe_id="llama3.1-8b-pretrain", profile="tiny", partition="cpu",
+                             nodes=1, steps=100, config={}, script="", work_dir="/home/runs/x",
+                             status=RunStatus.RUNNING)  # fmt: skip
+    RunMetric.objects.create(run=run, line=0, step=40, values={"step": 40, "loss": 2.5, "time": 1.0})
+    ModelVersion.objects.create(project=demo.project, name="llama", version=3, family="llama", checkpoint="x",
+                                step=60, final_loss=1.25)  # fmt: skip
+    endpoint = Endpoint.objects.create(project=demo.project, cluster=demo, name="chat", model_name="llama",
+                                       version=3, created=timezone.now() - timedelta(minutes=10))  # fmt: skip
+    EndpointSample.objects.create(endpoint=endpoint, time=timezone.now(), seconds=5, requests=30, errors=2)
+
+    page = alice_web.get("/").content.decode()
+    assert "1 node failing checks" in page
+    assert run.get_absolute_url() in page and 'aria-valuenow="40"' in page and "2.500" in page
+    assert "llama v3" in page and "1.250" in page
+    assert endpoint.get_absolute_url() in page and "0.10" in page  # 30 requests over 5 minutes
+    client.force_login(charlie)
+    theirs = client.get("/").content.decode()
+    assert "demo" not in theirs and "llama" not in theirs and "/endpoints/alpha/" not in theirs
+
+
 def test_it_creates_a_cluster_from_the_form(alice_web):
     import json
 
