@@ -32,6 +32,7 @@ def train_on_ranks(folder, ranks=1):
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
                    "--standalone", "-m", "recipes.node.train", str(folder / "config.json")]  # fmt: skip
     done = subprocess.run(command, cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=300)
+    (folder / "run.log").write_text(done.stdout + done.stderr)  # what the job's slurm-N.out would hold
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = folder / "result.json"
     return json.loads(result.read_text()) if result.exists() else None

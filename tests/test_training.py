@@ -54,6 +54,13 @@ def test_a_2x2_mesh_trains_to_the_loss_of_one_rank_with_the_same_global_batch(tm
         assert abs(a - b) < 1e-4
     assert abs(one["final_loss"] - four["final_loss"]) < 1e-4
     assert losses(tmp_path / "four")[-1] < losses(tmp_path / "four")[0]
+    # The log holds the training lines, not warnings of ours repeated by every rank (the run page
+    # showed mostly those): checkpointing with a KV cache on, a deprecated call, two collectives where
+    # one does over the 2-D mesh, the export's single-process load and its progress bar.
+    log = (tmp_path / "four" / "run.log").read_text()
+    for noise in ("Warning", "use_cache=True", "While redistributing", "Writing model shards"):
+        assert noise not in log, log
+    assert log.count("[train] step") == 2  # every log_every (6) of 12 steps
 
 
 def test_a_sharded_checkpoint_resumes_bit_exactly_and_loads_on_another_world_size(tmp_path):

@@ -676,6 +676,9 @@ def save_model(model, config, folder, **about):
     folder = Path(folder)
     staging = folder.with_name(folder.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar drawn with carriage returns, in a log file
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer = tokenizer_for(config)
     (tokenizer.hf if isinstance(tokenizer, FolderTokenizer) else hf_tokenizer()).save_pretrained(staging)
