@@ -124,3 +124,32 @@ def test_a_nan_line_as_train_py_writes_it_is_stored_and_read_back(run):
     record = json.loads(json.dumps({"step": 3, "loss": float("nan"), "lr": 0.001}))
     RunMetric.objects.create(run=run, line=0, step=3, values=alerts.finite(record)[0])
     assert RunMetric.objects.get(run=run).values == {"step": 3, "loss": None, "lr": 0.001, "nonfinite": ["loss"]}
+
+
+def test_the_run_page_shows_the_runs_own_lines_and_the_whole_tail_on_request(client, alice, run):
+    """A 4-rank run's tail was mostly library warnings, four copies each; the page now shows the
+    training lines and errors (a line every rank printed, once with its count), and the full tail a
+    click away, polled the same way."""
+    tail = "\n".join([
+        "/venv/lib/python3.11/site-packages/transformers/modeling_utils.py:3204: FutureWarning: `x` is deprecated.",
+        "  warnings.warn(",
+        *["[rank2]:W1206 16:26:11.331000 21390 torch/distributed/tensor/_redistribute.py:390] While redistributing"]
+        * 4,
+        "[train] step 2 loss 5.2118 tokens/s 2207.0",
+        *["[transformers] Setting `use_cache=False`."] * 4,
+        "Writing model shards:   0%|          | 0/1 [00:00<?, ?it/s]",
+        "Traceback (most recent call last):",
+        "RuntimeError: CUDA out of memory on rank 3 " + "x" * 300,
+    ])  # fmt: skip
+    Run.objects.filter(pk=run.pk).update(log_tail=tail)
+    client.force_login(alice)
+    page = client.get(run.get_absolute_url()).content.decode()
+    shown = page[page.index('id="log-tail"') :]
+    shown = shown[: shown.index("</pre>")]
+    assert "FutureWarning" not in shown and "While redistributing" not in shown and "model shards" not in shown
+    assert "[train] step 2 loss 5.2118" in shown and "Traceback" in shown and "x" * 300 in shown
+    assert "[transformers] Setting `use_cache=False`.  (x4)" in shown
+    full = client.get(run.get_absolute_url() + "?log=full").content.decode()
+    assert "FutureWarning" in full and full.count("While redistributing") == 4
+    assert "live/?log=full" in full  # the polled part keeps the choice
+    assert 'pre class="json log"' in page  # wrapped, not cut off (static/console/console.css)

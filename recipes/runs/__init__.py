@@ -3,7 +3,7 @@ its pages and API (summary). Pages, the API and tasks call these functions."""
 
 from .follow import cancel_run, in_run, latest_checkpoint, read_progress, refresh_run, result_of, run_status, sync_runs
 from .launch import HubFolder, launch_run, preview, validate_launch
-from .summary import layout_summary, metrics, summary
+from .summary import layout_summary, log_view, metrics, summary
 
 __all__ = [
     "HubFolder",
@@ -12,6 +12,7 @@ __all__ = [
     "latest_checkpoint",
     "launch_run",
     "layout_summary",
+    "log_view",
     "metrics",
     "preview",
     "read_progress",

@@ -177,3 +177,20 @@ def cancel_run(run):
     ):
         record_event(run.cluster, f"Run {run.recipe_id} (job {run.slurm_job_id}) cancelled")
     return run
+
+
+def log_name(run):
+    """The name of the run's newest output file (slurm-<job>.out; a requeue appends to it), or ""."""
+    logs = clusters.list_files(run.cluster, in_run(run), "slurm-*.out")
+    return logs[-1] if logs else ""
+
+
+def log_chunks(run, name, size=1 << 20):
+    """The whole output file `name` of the run, in chunks read through the cluster agent."""
+    offset = 0
+    while True:
+        chunk = clusters.read_file(run.cluster, in_run(run, name), offset, size)
+        if not chunk:
+            return
+        yield chunk
+        offset += len(chunk)

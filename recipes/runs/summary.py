@@ -1,4 +1,6 @@
-"""What a run's pages and API show of it: its logged steps, a summary, and its layout."""
+"""What a run's pages and API show of it: its logged steps, a summary, its layout and its log."""
+
+import re
 
 from ..catalog import get_recipe
 from ..models import RunStatus
@@ -57,3 +59,29 @@ def layout_summary(run):
         "precision_note": "fp8 is trained in bf16 here (float8 training needs torchao)" if asked == "fp8" else "",
         "estimate": config.get("estimate") or {},
     }
+
+
+# Lines of a job's output that are libraries talking, not the run: Python warnings and the source line
+# they quote, torch's per-rank notices ("[rank3]:W1206 ..."), torchrun's banner, progress bars.
+NOISE = re.compile(
+    r"Warning: |warnings\.warn\(|^\s+(return |warnings\.)|^\[rank\d+\]:[WI]\d{4}|^\*+$"
+    r"|OMP_NUM_THREADS environment variable|\d+%\|"
+)
+
+
+def log_view(text, full=False):
+    """The log tail as the run page shows it: with `full`, as written; otherwise the run's own lines
+    (training steps, errors, tracebacks), library noise left out, and a line repeated by every rank
+    shown once with its count."""
+    if full:
+        return text
+    shown, last = [], None
+    for line in text.splitlines():
+        if not line.strip() or NOISE.search(line):
+            continue
+        if line == last:
+            shown[-1] = (line, shown[-1][1] + 1)
+            continue
+        shown.append((line, 1))
+        last = line
+    return "\n".join(line if count == 1 else f"{line}  (x{count})" for line, count in shown)

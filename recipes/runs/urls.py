@@ -9,6 +9,7 @@ urlpatterns = [
     path("new/", views.run_new, name="run-new"),
     path("<uuid:run_id>/", views.run_detail, name="run-detail"),
     path("<uuid:run_id>/live/", views.run_live, name="run-live"),
+    path("<uuid:run_id>/log/", views.run_log, name="run-log"),
     path("<uuid:run_id>/cancel/", views.run_cancel, name="run-cancel"),
     path("<uuid:run_id>/register/", views.run_register, name="run-register"),
 ]

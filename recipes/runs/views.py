@@ -4,7 +4,7 @@ import urllib.error
 import urllib.request
 
 from django.contrib import messages
-from django.http import HttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -18,7 +18,7 @@ from console.htmx import render_fragment
 from .. import registry, runs
 from ..catalog import recipes
 from ..models import ModelVersion, Run
-from . import tensorboard
+from . import follow, tensorboard
 
 FIELDS = ("recipe", "profile", "partition", "nodes", "steps", "init_from", "dataset", "alias")
 
@@ -72,7 +72,7 @@ def run_detail(request, project, name, run_id):
         "cluster": run.cluster,
         "versions": run.model_versions.all(),
         "layout": runs.layout_summary(run),
-        **run_context(run),
+        **run_context(run, full_log=request.GET.get("log") == "full"),
     }
     return render(request, "recipes/run_detail.html", context)
 
@@ -80,17 +80,33 @@ def run_detail(request, project, name, run_id):
 def run_live(request, project, name, run_id):
     """The polled part of the run page; 286 once the run has ended so htmx stops polling."""
     run = run_for(request, project, name, run_id)
-    return render_fragment(
-        request, "recipes/partials/run_live.html", {"run": run, **run_context(run)}, done=run.is_done
-    )
+    context = {"run": run, **run_context(run, full_log=request.GET.get("log") == "full")}
+    return render_fragment(request, "recipes/partials/run_live.html", context, done=run.is_done)
 
 
-def run_context(run):
+def run_log(request, project, name, run_id):
+    """The run's whole output file, as a download (the page shows its tail)."""
+    run = run_for(request, project, name, run_id)
+    try:
+        log = follow.log_name(run)
+    except ConsoleError as exc:
+        return render(request, "recipes/run_log_missing.html", {"run": run, "reason": exc.message}, status=503)
+    if not log:
+        missing = {"run": run, "reason": "the job has written no output yet"}
+        return render(request, "recipes/run_log_missing.html", missing, status=404)
+    response = StreamingHttpResponse(follow.log_chunks(run, log), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{run.recipe_id}-{str(run.uuid)[:8]}-{log}"'
+    return response
+
+
+def run_context(run, full_log=False):
     rows = runs.metrics(run)
     return {
         "summary": runs.summary(run),
         "chart": line_chart(rows, "loss"),
-        "log": run.log_tail,
+        "log": runs.log_view(run.log_tail, full=full_log),
+        "full_log": full_log,
+        "log_hidden": bool(run.log_tail) and not full_log,
         "progress": round(100 * rows[-1]["step"] / run.steps) if rows else 0,
     }
 
