@@ -160,6 +160,34 @@ def test_a_members_account_is_the_same_on_every_node(cluster, fake):
         assert entries(f"{prefix}-{node}", "group") == entries(f"{prefix}-ctl", "group")
 
 
+def test_a_member_who_leaves_leaves_the_projects_group_on_every_node(cluster, fake, django_user_model):
+    """The LEAVE operation runs on the controller's agent; the compute and login nodes follow the published
+    accounts: the account's primary group becomes the `left` group there too, and its membership goes."""
+    from clusters.accounts import account_for
+
+    project = cluster.project
+    django_user_model.objects.create_user("greta", "greta@example.com", "greta-password")
+    services.members.set_role(project, "greta", "operator")
+    greta = account_for(django_user_model.objects.get(username="greta"), project)
+    get_backend(cluster.backend).ensure_account(cluster, greta)
+    prefix = names("glab", "train").prefix
+
+    def account(vm):
+        lines = (fake.vpc.root / "vms" / vm / "etc" / "passwd").read_text().splitlines()
+        gid = next((line.split(":")[3] for line in lines if line.startswith(f"{greta.name}:")), None)
+        groups = (fake.vpc.root / "vms" / vm / "etc" / "group").read_text().splitlines()
+        named = {line.split(":")[0]: line.split(":")[2] for line in groups}
+        return gid, named.get(greta.group), named.get("tcct-left")
+
+    wait_until(lambda: account(f"{prefix}-cpu-0")[0] == account(f"{prefix}-cpu-0")[1] is not None, timeout=15,
+               message="greta's account on cpu-0")  # fmt: skip
+    services.members.remove(project, "greta")
+    engine.run(Operation.objects.get(cluster=cluster, kind="LEAVE").pk)
+    for node in ("ctl", "cpu-0", "cpu-1", "login-0"):
+        wait_until(lambda node=node: account(f"{prefix}-{node}")[0] == account(f"{prefix}-{node}")[2] is not None,
+                   timeout=15, message=f"greta's account to leave the project's group on {node}")  # fmt: skip
+
+
 def test_the_controllers_doors_listen_on_its_internal_address_only(cluster, fake):
     """slurmrestd and the agent answer on the controller's internal address (where the firewall admits the
     console's range alone), not on loopback or any other interface a container could reach."""

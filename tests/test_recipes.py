@@ -185,6 +185,11 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     assert "4 ranks: 2 data-parallel (FSDP2) x 2 tensor-parallel" in page
     assert "(no GPU: the tiny profile trains on CPU)" in page and " MB</td>" in page  # estimate beside the peak
     assert client.get(f"/clusters/rlab/train/runs/{run['id']}/live/", HTTP_HX_REQUEST="true").status_code == 286
+    # The whole log as a download, through the cluster agent (the page shows its tail).
+    download = client.get(f"/clusters/rlab/train/runs/{run['id']}/log/")
+    assert download.status_code == 200 and download["Content-Disposition"].startswith("attachment;")
+    whole = b"".join(download.streaming_content).decode()
+    assert all(f"[train] step {step} " in whole for step in (10, 20, 30, 40))
 
     # TensorBoard answers with the run's scalars through the console, and only to signed-in members.
     tags = client.get("/clusters/rlab/train/tensorboard/data/plugin/scalars/tags").json()
@@ -607,6 +612,66 @@ def test_an_account_of_another_project_cannot_submit_to_ritas_cluster(train_clus
     get_backend("local").ensure_account(train_cluster, rita)
     mine = submit(rita.name)
     assert mine.returncode == 0 and "Submitted batch job" in mine.stdout, mine.stderr
+
+
+def test_a_member_who_leaves_loses_their_jobs_and_the_projects_files_on_its_clusters(train_cluster, django_user_model):
+    """bob leaves rlab with a job still running on its cluster. The console let him in no more, but on
+    the cluster his account stayed in rlab's group: his job ran on, reading and writing the project's
+    home, and he could submit more with the cluster's slurm.conf. Removing him starts a LEAVE operation
+    that takes the account out of the group and cancels his jobs."""
+    import subprocess
+
+    from clusters import services
+    from clusters.accounts import account_for
+    from clusters.backends import get_backend
+    from clusters.choices import OperationStatus
+    from clusters.models import Operation
+    from clusters.operations import engine
+
+    local_only(train_cluster, "it runs commands as the accounts on this machine")
+    project = train_cluster.project
+    paths = get_backend("local").paths(train_cluster)
+    home = services.shared_dir(train_cluster)
+    django_user_model.objects.create_user("bob", "bob@example.com", "bob-password")
+    services.members.set_role(project, "bob", "operator")
+    bob = account_for(django_user_model.objects.get(username="bob"), project)
+    get_backend("local").ensure_account(train_cluster, bob)
+
+    def as_bob(*command):
+        return subprocess.run(["runuser", "-u", bob.name, "--", "env", f"SLURM_CONF={paths.conf}", *command],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    try:
+        submitted = as_bob("sbatch", "--partition=cpu", "--output=/dev/null", "--wrap=sleep 600")
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = int(submitted.stdout.split()[-1])
+        assert as_bob("ls", home).returncode == 0  # a member reads the project's home
+
+        services.members.remove(project, "bob")
+        leave = Operation.objects.get(cluster=train_cluster, kind="LEAVE")
+        engine.run(leave.pk)  # as a worker runs it
+        assert Operation.objects.get(pk=leave.pk).status == OperationStatus.SUCCEEDED, leave.error
+
+        def state():
+            job = services.job_status(train_cluster, job_id)
+            return job.state if job else "GONE"
+
+        wait_until(lambda: state() in ("CANCELLED", "GONE"), timeout=60, message="bob's job to be cancelled")
+        refused = as_bob("ls", home)
+        assert refused.returncode != 0 and "Permission denied" in refused.stderr
+        again = as_bob("sbatch", "--partition=cpu", "--output=/dev/null", "--wrap=true")
+        assert again.returncode != 0 and "Submitted batch job" not in again.stdout
+        assert any(e.message.startswith("bob left project rlab") for e in train_cluster.events.all())
+
+        # Back in the project, his account is in the group again.
+        services.members.set_role(project, "bob", "operator")
+        get_backend("local").ensure_account(train_cluster, bob)
+        assert as_bob("ls", home).returncode == 0
+    finally:
+        if project.memberships.filter(user__username="bob").exists():
+            services.members.remove(project, "bob")
+            for operation in Operation.objects.filter(cluster=train_cluster, kind="LEAVE", status="PENDING"):
+                engine.run(operation.pk)
 
 
 def test_the_launch_page_shows_the_layout_and_the_memory_estimate_before_submit(train_cluster, client):

@@ -97,6 +97,10 @@ class AgentClient:
     def account(self, user, group):
         return self.call("account", user=user, group=group)
 
+    def leave(self, user, group):
+        """The account leaves the project's group and its jobs are cancelled (a member who left)."""
+        return self.call("leave", user=user, group=group)
+
     def slurm(self, action, **arguments):
         """One of the Slurm actions slurmrestd 0.0.38 lacks, run by the agent beside slurmctld."""
         return self.call("slurm", action=action, **arguments)

@@ -360,11 +360,7 @@ def op_account(home, body):
     shared home (3770: setgid, and sticky so members cannot rename the console's folders), as on a
     local cluster (clusters/backends/local/accounts.py). Only names with the console's prefix: the
     agent never touches the machine's own accounts."""
-    user, group = body.get("user"), body.get("group")
-    for what, name in (("user", user), ("group", group)):
-        prefix = ACCOUNTS["prefix"]
-        if not isinstance(name, str) or not ACCOUNT.match(name) or not name.startswith(prefix):
-            raise bad(f"{what} must be an account name starting with {prefix}")
+    user, group = account_names(body)
     try:
         grp.getgrnam(group)
     except KeyError:
@@ -378,7 +374,10 @@ def op_account(home, body):
         account = pwd.getpwnam(user)
         joined = True
     team = grp.getgrnam(group)
-    if account.pw_gid != team.gr_gid and user not in team.gr_mem:
+    if account.pw_gid == left_group():  # a member who left and is back: the project's group is theirs again
+        run_checked("usermod", "--gid", group, user)
+        joined = True
+    elif account.pw_gid != team.gr_gid and user not in team.gr_mem:
         run_checked("usermod", "--append", "--groups", group, user)
         joined = True
     refresh_allowed(group, joined)
@@ -389,6 +388,55 @@ def op_account(home, body):
     os.chmod(home.root, 0o3770)
     publish_accounts(home)
     return {"user": user, "group": group}
+
+
+def account_names(body):
+    """(user, group) of a request: account names with the console's prefix, or refused (400)."""
+    user, group = body.get("user"), body.get("group")
+    for what, name in (("user", user), ("group", group)):
+        prefix = ACCOUNTS["prefix"]
+        if not isinstance(name, str) or not ACCOUNT.match(name) or not name.startswith(prefix):
+            raise bad(f"{what} must be an account name starting with {prefix}")
+    return user, group
+
+
+def left_group():
+    """The gid of the prefix's group for members who left their project (made the first time): a
+    primary group that opens nothing."""
+    name = f"{ACCOUNTS['prefix']}left"
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        run_checked("groupadd", "--system", name)
+        return grp.getgrnam(name).gr_gid
+
+
+def op_leave(home, body):
+    """A member left the project: their account leaves its group (its primary group becomes the
+    prefix's `left` group, which opens nothing), so the shared home (3770), munge's socket and the
+    partitions (AllowGroups, refreshed now) no longer admit it, then every job of theirs on this
+    cluster is cancelled (what they left running or queued would still read the project's files).
+    The account itself stays: its uid owns their files, and a uid freed and reused would hand them
+    to whoever got it next."""
+    user, group = account_names(body)
+    try:
+        account, team = pwd.getpwnam(user), grp.getgrnam(group)
+    except KeyError:
+        return {"user": user, "left": False}
+    if account.pw_gid == team.gr_gid:
+        run_checked("usermod", "--gid", str(left_group()), user)
+    if user in team.gr_mem:
+        run_checked("gpasswd", "--delete", user, group)
+    refresh_allowed(group, True)
+    scancel = shutil.which("scancel", path=os.environ.get("PATH", "/usr/bin:/bin"))
+    if scancel is None:
+        raise Refused(HTTPStatus.CONFLICT, "scancel is not installed beside this agent")
+    done = subprocess.run([scancel, f"--user={user}"], capture_output=True, text=True, timeout=30,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+    if done.returncode != 0:
+        raise Refused(HTTPStatus.BAD_GATEWAY, f"scancel: {(done.stderr or done.stdout).strip()[-300:]}")
+    publish_accounts(home)
+    return {"user": user, "left": True}
 
 
 def publish_accounts(home):
@@ -583,7 +631,7 @@ def op_tensorboard(home, body, tensorboard):
 
 
 OPERATIONS = {"stat": op_stat, "read": op_read, "tail": op_tail, "list": op_list, "write": op_write,
-              "own": op_own, "slurm": op_slurm, "account": op_account, "prune": op_prune,
+              "own": op_own, "slurm": op_slurm, "account": op_account, "leave": op_leave, "prune": op_prune,
               "move": op_move}  # fmt: skip
 
 

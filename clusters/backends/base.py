@@ -255,6 +255,11 @@ class Backend:
         cluster's shared home (idempotent); the cluster agent makes it beside slurmctld."""
         self.agent(cluster).account(account.name, account.group)
 
+    def remove_account(self, cluster, account):
+        """`account`'s user left its project: out of the group that owns the shared home and that the
+        partitions admit, and every job of theirs cancelled (the cluster agent does both)."""
+        self.agent(cluster).leave(account.name, account.group)
+
     def job_status(self, cluster, job_id):
         """The job's JobStatus while Slurm still knows it, else None."""
         return self.slurm(cluster).job(job_id)

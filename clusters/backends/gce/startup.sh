@@ -155,13 +155,25 @@ sync_accounts() {  # the console's accounts as the controller's agent made them:
         getent group "$name" >/dev/null || groupadd --system --gid "$id" "$name" ;;
       user)
         [[ "$id" =~ ^[0-9]+$ && "$extra" =~ ^[0-9]+$ ]] && [ "$id" -ge 100 ] || continue
-        getent passwd "$name" >/dev/null || useradd --system --no-create-home --shell /usr/sbin/nologin \
-          --uid "$id" --gid "$extra" --home-dir "$SHARED" "$name" ;;
+        if getent passwd "$name" >/dev/null; then  # a member who left (or came back): the group it has now
+          [ "$(id -g "$name")" = "$extra" ] || usermod --gid "$extra" "$name"
+        else
+          useradd --system --no-create-home --shell /usr/sbin/nologin --uid "$id" --gid "$extra" \
+            --home-dir "$SHARED" "$name"
+        fi ;;
       member)
         [[ "$id" == "$ACCOUNT_PREFIX"* ]] || continue
         id -nG "$name" 2>/dev/null | tr ' ' '\n' | grep -qx "$id" || usermod --append --groups "$id" "$name" ;;
     esac
   done < "$ACCOUNTS_FILE"
+  # Members the file no longer lists (who left the project) leave the group here too.
+  local group member
+  for group in $(getent group | cut -d: -f1 | grep "^$ACCOUNT_PREFIX"); do
+    for member in $(getent group "$group" | cut -d: -f4 | tr ',' ' '); do
+      [[ "$member" == "$ACCOUNT_PREFIX"* ]] || continue
+      grep -qx "member $member $group" "$ACCOUNTS_FILE" || gpasswd --delete "$member" "$group" >/dev/null
+    done
+  done
 }
 if [ "${1:-}" = sync-accounts ]; then
   sync_accounts
