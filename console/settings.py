@@ -258,8 +258,11 @@ ROUTER_HEALTH_SECONDS = envfloat("ROUTER_HEALTH_SECONDS", 2.0)
 METRICS_TOKEN_FILE = env("METRICS_TOKEN_FILE", "")
 ROUTER_HEALTH_EJECT_AFTER = envint("ROUTER_HEALTH_EJECT_AFTER", 2)
 PERIODIC_TASKS["reconcile-endpoints"] = ("recipes.tasks.reconcile_endpoints", ENDPOINT_RECONCILE_SECONDS)
+# A round holds its endpoint this long at most (a worker that died mid-round frees it then): more than
+# a round takes (a few 2 s probes per replica), so two rounds never drive one endpoint at once.
+ENDPOINT_RECONCILE_LEASE_SECONDS = envfloat("ENDPOINT_RECONCILE_LEASE_SECONDS", 120.0)
 # Tasks the periodic ones fan out, on the same queue.
-PERIODIC_FAN_OUT = ["clusters.tasks.sync_cluster"]
+PERIODIC_FAN_OUT = ["clusters.tasks.sync_cluster", "recipes.tasks.reconcile_endpoint"]
 
 
 def periodic(queue):

@@ -223,6 +223,9 @@ class Endpoint(models.Model):
     # The STAGE operation copying the wanted version onto the cluster (recipes/registry/staging.py).
     staging = models.ForeignKey("clusters.Operation", models.SET_NULL, null=True, blank=True, related_name="+")
     last_scaled = models.DateTimeField(null=True, blank=True)
+    # A reconcile round holds the endpoint until then (compare-and-set), so two workers never drive it at
+    # once (two rounds would each start the replica it lacks).
+    reconciling_until = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True)
     created = models.DateTimeField(default=timezone.now)
 

@@ -3,9 +3,10 @@ Imported by the app's ready(), so a worker has them all; services enqueue them b
 (recipes.queue.later)."""
 
 from celery import shared_task
+from django.conf import settings
 
 from .registry import RegistryUnavailable, track_and_register
-from .serving import reconcile_all, reconcile_one
+from .serving import due, reconcile_one
 
 
 @shared_task(
@@ -16,13 +17,14 @@ def track_run(run_id):
     track_and_register(run_id)
 
 
-@shared_task(soft_time_limit=120)
+@shared_task(soft_time_limit=30)
 def reconcile_endpoints():
-    """Drive every live (or deleting) endpoint one step (serving.reconcile_all)."""
-    reconcile_all()
+    """One round per live endpoint, each a task of its own that expires when the next is due."""
+    for endpoint_id in due():
+        reconcile_endpoint.apply_async((endpoint_id,), expires=settings.ENDPOINT_RECONCILE_SECONDS)
 
 
 @shared_task(soft_time_limit=120)
 def reconcile_endpoint(endpoint_id):
-    """Drive one endpoint one step, right after a change (serving.reconcile_one)."""
+    """Drive one endpoint one step (serving.reconcile_one; its lease keeps two rounds apart)."""
     reconcile_one(endpoint_id)

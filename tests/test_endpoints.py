@@ -832,6 +832,48 @@ def test_a_roll_whose_new_replica_never_serves_fails_keeps_the_old_serving_and_w
     assert Replica.objects.get(pk=old.pk).state == ReplicaState.READY
 
 
+@pytest.mark.django_db
+def test_each_endpoint_gets_a_round_of_its_own_and_two_never_drive_it_at_once(scripted, alpha, alice, monkeypatch,
+                                                                              settings):  # fmt: skip
+    """One task reconciled every endpoint in turn: a slow one (probes of 2 s per replica) held up the rest
+    past the 5 s interval, and a change's reconcile could run beside the periodic one, each starting the
+    replica the endpoint lacked. Now the periodic task fans out one round per endpoint, expiring at the
+    next, and a lease keeps a second round off an endpoint being driven."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from clusters import services
+    from clusters.models import Cluster
+    from clusters.operations import engine
+    from recipes import tasks
+    from recipes.models import ModelVersion
+    from recipes.serving import reconcile_one
+
+    from .conftest import scripted_spec
+
+    engine.run(services.create_cluster(project=alpha, name="ok", spec=scripted_spec(cpu=2), user=alice).pk)
+    ModelVersion.objects.create(project=alpha, name="llama", version=1, family="llama", checkpoint="x", step=1)
+    cluster = Cluster.objects.get(name="ok")
+    chat, other = (Endpoint.objects.create(project=alpha, cluster=cluster, name=n, model_name="llama", version=1)
+                   for n in ("chat", "other"))  # fmt: skip
+    started = submitting(monkeypatch)
+    monkeypatch.setattr(sys.modules["recipes.serving.reconcile"], "staged_for", lambda endpoint, want: "models/x")
+    sent = []
+    monkeypatch.setattr(tasks.reconcile_endpoint, "apply_async", lambda args, expires: sent.append((args, expires)))
+    tasks.reconcile_endpoints()
+    assert sorted(sent) == [
+        ((chat.pk,), settings.ENDPOINT_RECONCILE_SECONDS),
+        ((other.pk,), settings.ENDPOINT_RECONCILE_SECONDS),
+    ]
+
+    Endpoint.objects.filter(pk=chat.pk).update(reconciling_until=timezone.now() + timedelta(seconds=60))
+    assert reconcile_one(chat.pk) is False and started == []  # another worker holds it
+    Endpoint.objects.filter(pk=chat.pk).update(reconciling_until=timezone.now() - timedelta(seconds=1))
+    assert reconcile_one(chat.pk) is True and len(started) == 1  # a lease that ran out (a dead worker's)
+    assert Endpoint.objects.get(pk=chat.pk).reconciling_until is None  # released at the end
+
+
 def test_a_fine_tuned_model_is_asked_in_exactly_the_form_it_was_trained_on(tmp_path):
     """SFT trained on "### Question: ...\\n### Answer: " after BOS; the CPU replica asked chat requests as
     "user: ...\\nassistant:" with no BOS, so a fine-tuned model answered a prompt it had never seen. One

@@ -3,7 +3,7 @@
 
 from .autoscale import autoscale
 from .endpoints import change_endpoint, check, create_endpoint, delete_endpoint, live_endpoint, series
-from .reconcile import reconcile, reconcile_all, reconcile_one
+from .reconcile import due, reconcile, reconcile_one
 from .replicas import replica_script
 
 __all__ = [
@@ -12,9 +12,9 @@ __all__ = [
     "check",
     "create_endpoint",
     "delete_endpoint",
+    "due",
     "live_endpoint",
     "reconcile",
-    "reconcile_all",
     "reconcile_one",
     "replica_script",
     "series",

@@ -1,8 +1,10 @@
 """Inference endpoints: a registered version, or whatever version an alias names, served by replicas
 that are Slurm jobs on a cluster (recipes/serve.py), behind the router (recipes/router.py).
 
-One periodic task (recipes.tasks.reconcile_endpoints, every ENDPOINT_RECONCILE_SECONDS) drives every live
-endpoint towards what it should be, idempotently:
+One periodic task (recipes.tasks.reconcile_endpoints, every ENDPOINT_RECONCILE_SECONDS) sends one round
+per live endpoint, each a task of its own expiring when the next is due and holding its endpoint with a
+lease (two rounds never drive one endpoint), which moves the endpoint towards what it should be,
+idempotently:
 
     autoscale   desired replicas from the router's samples: requests queued in a router for a free
                 replica (every one has ROUTER_REPLICA_CONCURRENCY) -> one more at once, unless one is

@@ -1,8 +1,11 @@
 """Reconcile: drive an endpoint one step towards what it should be (recipes/serving/endpoints.py's
 docstring): replicas followed, autoscaled, rolled to the wanted version, drained and stopped."""
 
+from contextlib import suppress
 from datetime import timedelta
 
+from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from clusters.choices import OperationStatus
@@ -144,18 +147,27 @@ def fail_roll(endpoint, want, why, running):
                         "the endpoint is deployed again (Retry on its page, or a PATCH)")  # fmt: skip
 
 
-def reconcile_all():
-    """Drive every live (or deleting) endpoint one step; one whose cluster or registry is not
-    answering is tried again next round."""
+def due():
+    """The ids of every live (or deleting) endpoint: each gets its own round (recipes.tasks fans them
+    out, each expiring at the next), so one slow endpoint never holds up the others."""
     live = EndpointStatus.live() | {EndpointStatus.DELETING}
-    for endpoint in Endpoint.objects.filter(status__in=live).select_related("project", "cluster", "serving"):
-        try:
-            reconcile(endpoint)
-        except ConsoleError:
-            continue
+    return list(Endpoint.objects.filter(status__in=live).values_list("pk", flat=True))
 
 
 def reconcile_one(endpoint_id):
-    endpoint = Endpoint.objects.filter(pk=endpoint_id).select_related("project", "cluster", "serving").first()
-    if endpoint is not None and endpoint.status != EndpointStatus.DELETED:
-        reconcile(endpoint)
+    """One round for the endpoint, if no other worker holds it (a lease of ENDPOINT_RECONCILE_LEASE_SECONDS,
+    released at the end); one whose cluster or registry is not answering is tried again next round.
+    Returns whether this call drove it."""
+    now = timezone.now()
+    lease = timedelta(seconds=settings.ENDPOINT_RECONCILE_LEASE_SECONDS)
+    free = Q(reconciling_until__isnull=True) | Q(reconciling_until__lt=now)
+    if not Endpoint.objects.filter(free, pk=endpoint_id).update(reconciling_until=now + lease):
+        return False
+    try:
+        endpoint = Endpoint.objects.filter(pk=endpoint_id).select_related("project", "cluster", "serving").first()
+        if endpoint is not None and endpoint.status != EndpointStatus.DELETED:
+            with suppress(ConsoleError):
+                reconcile(endpoint)
+    finally:
+        Endpoint.objects.filter(pk=endpoint_id).update(reconciling_until=None)
+    return True
