@@ -281,6 +281,7 @@ class Replica(models.Model):
     folder = models.CharField(max_length=300)  # relative to the cluster's shared home
     host = models.CharField(max_length=255, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
+    node = models.CharField(max_length=100, blank=True)  # the Slurm node its job runs on
     # The bearer token the replica wants on every path but /health: made by the console, written to a 0600
     # file of the job's account, sent by the router alone; never on a page, an answer or a log line.
     token = models.CharField(max_length=64, blank=True, editable=False)

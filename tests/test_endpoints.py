@@ -576,7 +576,7 @@ def test_a_replica_is_reached_where_slurm_runs_its_job_never_where_its_announce_
     running_on["nodes"] = "cpu-1"
     replicas.follow(replica)
     stored = Replica.objects.get(pk=replica.pk)
-    assert (stored.host, stored.port) == ("10.9.0.1", 41000)
+    assert (stored.host, stored.port, stored.node) == ("10.9.0.1", 41000, "cpu-1")  # the node tells replicas apart
     announce["port"] = 22
     stored.host = ""
     stored.save()

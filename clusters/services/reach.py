@@ -76,10 +76,17 @@ def jobs_named(cluster, name):
 def job_address(cluster, job_id):
     """Where job `job_id` runs, as Slurm knows it: the address (NodeAddr) of its one node; "" while it has
     no node yet (for workers: a replica's host comes from here, never from what the job itself says)."""
+    return job_node(cluster, job_id)[1]
+
+
+def job_node(cluster, job_id):
+    """(node name, its address) of the one node job `job_id` runs on, as Slurm knows them; ("", "") while
+    it has none yet (or runs on several)."""
     job = call(cluster, "job_status", job_id)
     if job is None or not job.nodes or any(c in job.nodes for c in "[,"):
-        return ""
-    return next((node.address for node in call(cluster, "node_statuses") if node.name == job.nodes), "")
+        return "", ""
+    address = next((node.address for node in call(cluster, "node_statuses") if node.name == job.nodes), "")
+    return (job.nodes, address) if address else ("", "")
 
 
 def cancel_job(cluster, job_id):

@@ -38,7 +38,14 @@ class EndpointSerializer(serializers.ModelSerializer):
 
     def get_replicas(self, endpoint) -> list:
         return [
-            {"id": r.pk, "version": r.version_ref, "state": r.state, "slurm_job_id": r.slurm_job_id, "url": r.url}
+            {
+                "id": r.pk,
+                "version": r.version_ref,
+                "state": r.state,
+                "slurm_job_id": r.slurm_job_id,
+                "node": r.node,
+                "url": r.url,
+            }
             for r in endpoint.replicas.filter(state__in=ReplicaState.running())
         ]
 

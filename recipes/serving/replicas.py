@@ -168,33 +168,35 @@ def follow(replica, now=None):
             return
         if not replica.host:
             try:
-                host, port = announced_at(replica)
+                host, port, node = announced_at(replica)
             except (ConsoleError, ValueError, KeyError, TypeError):
-                host = port = None
+                host = port = node = None
             if not host:
                 if job_ended(replica):
                     stop(replica, ReplicaState.FAILED, "its job ended before it served")
                 return
-            Replica.objects.filter(pk=replica.pk).update(host=host, port=port)
-            replica.host, replica.port = host, port
+            Replica.objects.filter(pk=replica.pk).update(host=host, port=port, node=node)
+            replica.host, replica.port, replica.node = host, port, node
         if healthy(replica) and replica.set_state(ReplicaState.READY, expected=[ReplicaState.STARTING],
                                                   ready_at=timezone.now()):  # fmt: skip
-            event(replica.endpoint, f"Replica {replica.pk} ({replica.version_ref}) ready at {replica.url}")
+            event(replica.endpoint, f"Replica {replica.pk} ({replica.version_ref}) ready on {replica.node} at "
+                                    f"{replica.url}")  # fmt: skip
     elif replica.state == ReplicaState.READY and not healthy(replica) and job_ended(replica):
         stop(replica, ReplicaState.FAILED, "its job ended")
 
 
 def announced_at(replica):
-    """(host, port) of a replica that announced itself: the port from its announce file (the job writes
-    it, so nothing else of it is trusted), the host from Slurm (the address of the node its job runs on).
-    A host the file names is never used: the router and the console would send requests wherever a
-    user's job pointed them. (None, None) until both are known."""
+    """(host, port, node) of a replica that announced itself: the port from its announce file (the job
+    writes it, so nothing else of it is trusted), the node and its address from Slurm (where its job
+    runs). A host the file names is never used: the router and the console would send requests wherever
+    a user's job pointed them. (None, None, None) until both are known (nodes of one machine, as the
+    local backend's, share an address: the node tells the replicas apart)."""
     raw = clusters.read_file(replica.endpoint.cluster, f"{replica.folder}/announce.json")
     port = json.loads(raw)["port"]
     if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
         raise ValueError(f"replica {replica.pk} announced port {port!r}")
-    host = clusters.job_address(replica.endpoint.cluster, replica.slurm_job_id)
-    return (host, port) if host else (None, None)
+    node, host = clusters.job_node(replica.endpoint.cluster, replica.slurm_job_id)
+    return (host, port, node) if host else (None, None, None)
 
 
 def drain(replica, why):
