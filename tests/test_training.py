@@ -221,6 +221,19 @@ def test_a_gpu_runs_script_takes_whole_nodes_and_sets_nccl_up_for_the_machines_n
     assert exported["LD_LIBRARY_PATH"].startswith(("/usr/local/gib/lib64:", "/var/lib/tcpxo/lib64:"))
 
 
+def test_padding_never_counts_as_tokens_read():
+    """SFT pads each example to the sequence length; tokens/s (and MFU from it) counted the padding."""
+    from recipes.node import train as node
+
+    tokenizer = node.ByteTokenizer()
+    examples = [{"prompt": "Name a colour", "response": "blue"}, {"prompt": "Hi", "response": "hello there"}]
+    _, x, _ = next(node.sft_batches(examples, tokenizer, 64, 2, 0))
+    # BOS and the prompt, the response, its EOS: each example's real tokens; the rest of its 64 is padding.
+    lengths = [len(node.sft_prompt(tokenizer, e["prompt"])) + len(e["response"].encode()) + 1 for e in examples]
+    assert node.tokens_read("sft", x, tokenizer) == sum(lengths) < x.numel() == 2 * 64
+    assert node.tokens_read("pretrain", x, tokenizer) == x.numel()
+
+
 def test_a_hugging_face_folder_starts_a_run_exactly_as_the_checkpoint_it_was_exported_from(tmp_path):
     pretrained = config(tmp_path / "pre", tensor=1, steps=20, checkpoint_every=20)
     train(pretrained)

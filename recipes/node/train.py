@@ -249,6 +249,14 @@ def sft_prompt(tokenizer, prompt):
     return tokenizer.encode(chat.render(messages))[:-1]  # ByteTokenizer: BOS, the bytes (no EOS)
 
 
+def tokens_read(kind, x, tokenizer):
+    """The tokens a global batch `x` gives the model: every position of pretraining's packed rows, an SFT
+    batch's but the padding after each example (no work done: it never counts in tokens/s or MFU)."""
+    if kind != "sft":
+        return x.numel()
+    return int((x != tokenizer.pad).sum())
+
+
 def sft_batches(examples, tokenizer, seq_len, global_batch, position):
     """Instruction data with the loss on the response only: prompt tokens are labelled -100."""
     import torch
@@ -416,7 +424,7 @@ def train(config):
         optimizer.step()
         scheduler.step()
         step += 1
-        tokens_done += global_batch * seq_len
+        tokens_done += tokens_read(config["kind"], x_all, tokenizer)
         value = layout.dp_sum(loss_sum) / total
         if rank == 0:
             elapsed = time.perf_counter() - started
