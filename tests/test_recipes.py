@@ -138,6 +138,7 @@ def test_the_catalog_has_llama_and_gemma_recipes_of_every_kind():
         ({"recipe": "llama3.1-8b-dpo", "nodes": 2}, "nodes", "trains in one process, on one node"),
         ({"nodes": 1, "dataset": "/etc/passwd"}, "dataset", "a .jsonl or .parquet file"),
         ({"nodes": 1, "dataset": "data/missing.jsonl"}, "dataset", "there is no data/missing.jsonl"),
+        ({"nodes": 1, "dataset": "data/corpus"}, "dataset", "there is no data/corpus/index.json"),
     ],
 )
 def test_it_refuses_a_bad_launch_with_field_reasons_and_submits_nothing(rita_api, body, field, reason):

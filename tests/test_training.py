@@ -300,3 +300,65 @@ def test_a_checkpoint_that_would_run_code_when_loaded_is_refused_not_run(tmp_pat
     before = np.random.rand(3).tolist()
     distributed.set_rng_state(distributed.read_state(tmp_path / "rng-old.pt"))
     assert np.random.rand(3).tolist() == before
+
+
+def documents_folder(folder):
+    """Five documents in the three formats prepare_data reads."""
+    import pyarrow
+    import pyarrow.parquet
+
+    folder.mkdir(parents=True)
+    (folder / "a.jsonl").write_text(json.dumps({"text": "the first document"}) + "\n" +
+                                    json.dumps({"text": "the second one"}) + "\n")  # fmt: skip
+    (folder / "b.txt").write_text("a whole text file is one document")
+    table = pyarrow.table({"text": ["parquet row one", "and row two"]})
+    pyarrow.parquet.write_table(table, folder / "c.parquet")
+    return ["the first document", "the second one", "a whole text file is one document", "parquet row one",
+            "and row two"]  # fmt: skip
+
+
+def test_prepare_data_writes_token_shards_with_an_eos_per_document_read_without_loading_them(tmp_path):
+    from recipes.node import prepare_data
+    from recipes.node.train import ByteTokenizer
+
+    texts = documents_folder(tmp_path / "docs")
+    done = subprocess.run([sys.executable, "-m", "recipes.node.prepare_data", str(tmp_path / "docs"),
+                           str(tmp_path / "corpus"), "--shard-tokens", "40"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("5 documents, ")
+    index = json.loads((tmp_path / "corpus" / "index.json").read_text())
+    expected = [t for text in texts for t in ByteTokenizer().encode(text)]  # BOS, the bytes, EOS each
+    assert (index["documents"], index["tokens"], index["tokenizer"]) == (5, len(expected), "bytes")
+    assert len(index["shards"]) == -(-len(expected) // 40)  # split every 40 tokens, across documents
+    tokens = prepare_data.Tokens(tmp_path / "corpus")
+    assert list(tokens[0 : len(tokens)]) == expected and list(tokens[35:45]) == expected[35:45]  # across a shard
+    assert list(tokens[:]).count(ByteTokenizer.eos) == 5
+
+
+def test_pretraining_on_a_prepared_data_set_resumes_exactly_where_it_stopped(tmp_path):
+    """The position in the data is in every checkpoint, and each epoch's order comes from the seed and
+    the epoch: a run requeued after step 6 reads the same batches and ends with the same losses."""
+    from recipes.node import prepare_data
+    from recipes.node.train import ByteTokenizer
+
+    documents_folder(tmp_path / "docs")
+    prepare_data.prepare(tmp_path / "docs", tmp_path / "corpus", ByteTokenizer())
+    settings = {"tensor": 1, "global_batch": 4, "micro_batch": 4, "seq_len": 16, "steps": 12, "checkpoint_every": 6,
+                "dataset": str(tmp_path / "corpus")}  # fmt: skip
+    whole = config(tmp_path / "whole", **settings)
+    train(whole)
+    again = config(tmp_path / "again", **settings)
+    shutil.copytree(whole / "checkpoints" / "step-6", again / "checkpoints" / "step-6")
+    train(again)
+    assert losses(again) == losses(whole)[6:]  # 10 sequences of 16: more than one epoch in 12 steps
+
+
+def test_each_epoch_reads_every_sequence_once_in_an_order_of_its_own():
+    from recipes.node.train import batches
+
+    tokens = list(range(8 * 10 + 1))  # 10 sequences of 8
+    stream = batches(tokens, 8, 5, 0, seed=3)
+    rows = [int(x[0]) // 8 for _ in range(4) for x in next(stream)[1]]  # 4 batches of 5: two epochs
+    first, second = rows[:10], rows[10:]
+    assert sorted(first) == sorted(second) == list(range(10)) and first != second

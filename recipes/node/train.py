@@ -26,7 +26,7 @@ import types
 from pathlib import Path
 
 from clusters.rendezvous import dist_env, leave
-from recipes.node import chat, distributed
+from recipes.node import chat, distributed, prepare_data
 
 # torch and the libraries on top of it are imported inside the functions that use them (start-up cost:
 # torch alone takes about 1.4 s), so `--help`, the health agent and the console's imports stay fast.
@@ -225,17 +225,32 @@ def chunked_loss(chunk):
 
 
 def batches(tokens, seq_len, global_batch, position, seed):
-    """An endless, deterministic stream of (position, inputs, labels) global batches; `position` counts
-    the global batches already taken, so the stream is the same whatever the world size."""
+    """An endless, deterministic stream of (position, inputs, labels) global batches of packed sequences
+    (`tokens`: a list, or a prepared data set's Tokens); `position` counts the global batches already
+    taken, so the stream is the same whatever the world size, and a run resumed from a checkpoint (which
+    keeps the position) reads exactly what it would have. Each epoch visits every sequence once, in an
+    order drawn from the seed and the epoch."""
     import torch
 
     count = (len(tokens) - 1) // seq_len
-    order = list(range(count))
-    random.Random(seed).shuffle(order)
+    orders = {}
+
+    def order(epoch):
+        if epoch not in orders:
+            orders.clear()  # one epoch's order at a time: a billion-token set has millions of sequences
+            shuffled = list(range(count))
+            random.Random(f"{seed}-{epoch}").shuffle(shuffled)
+            orders[epoch] = shuffled
+        return orders[epoch]
+
+    def row(start, stop):
+        return torch.as_tensor(tokens[start:stop], dtype=torch.long)
+
     while True:
-        rows = [order[(position * global_batch + i) % count] for i in range(global_batch)]
-        x = torch.stack([torch.tensor(tokens[r * seq_len : r * seq_len + seq_len]) for r in rows])
-        y = torch.stack([torch.tensor(tokens[r * seq_len + 1 : r * seq_len + seq_len + 1]) for r in rows])
+        taken = [position * global_batch + i for i in range(global_batch)]
+        rows = [order(n // count)[n % count] for n in taken]
+        x = torch.stack([row(r * seq_len, r * seq_len + seq_len) for r in rows])
+        y = torch.stack([row(r * seq_len + 1, r * seq_len + seq_len + 1) for r in rows])
         position += 1
         yield position, x, y
 
@@ -247,6 +262,25 @@ def sft_prompt(tokenizer, prompt):
     if isinstance(tokenizer, FolderTokenizer):
         return chat.prompt_ids(tokenizer.hf, messages)[1]
     return tokenizer.encode(chat.render(messages))[:-1]  # ByteTokenizer: BOS, the bytes (no EOS)
+
+
+def pretraining_tokens(config, tokenizer):
+    """What pretraining reads: a folder prepared by recipes.node.prepare_data (memory-mapped shards), or a
+    .jsonl/.parquet data set of {"text"} rows tokenized here, each document BOS ... EOS, or else the
+    corpus generated from the run's seed."""
+    dataset = config.get("dataset")
+    if dataset and prepare_data.is_prepared(dataset):
+        tokens = prepare_data.Tokens(dataset)
+        prepared_with = tokens.index.get("tokenizer")
+        if (prepared_with == "bytes") != isinstance(tokenizer, ByteTokenizer):
+            raise SystemExit(
+                f"{dataset} was prepared with the {prepared_with} tokenizer, not this model's: prepare it again "
+                "with --tokenizer set to the model's folder (or none for bytes)"
+            )
+        return tokens
+    if dataset:
+        return [token for row in read_rows(dataset) for token in tokenizer.encode(row["text"])]
+    return tokenizer.encode(corpus(seed=config["data_seed"]))
 
 
 def tokens_read(kind, x, tokenizer):
@@ -373,10 +407,7 @@ def train(config):
     if config["kind"] == "sft":
         stream = sft_batches(read_rows(config["dataset"]), tokenizer, seq_len, global_batch, position)
     else:
-        # Pretraining text: the run's data set ({"text"} rows), else the corpus generated from a seed.
-        text = "\n".join(r["text"] for r in read_rows(config["dataset"])) if config.get("dataset") else None
-        tokens = tokenizer.encode(text or corpus(seed=config["data_seed"]))
-        stream = batches(tokens, seq_len, global_batch, position, config["data_seed"])
+        stream = batches(pretraining_tokens(config, tokenizer), seq_len, global_batch, position, config["data_seed"])
     folder = architecture_folder(config)
 
     def keep_architecture(target):

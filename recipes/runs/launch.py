@@ -115,7 +115,7 @@ def validate_launch(cluster, data, *, stage=True):
     watch = watch_options(data, errors)
     dataset = data.get("dataset") or None  # the page's form sends "" for "the recipe's own"
     if dataset is not None and recipe and not errors:
-        problem = dataset_problem(cluster, dataset)
+        problem = dataset_problem(cluster, dataset, recipe["kind"])
         if problem:
             errors["dataset"] = [problem]
     if errors:
@@ -203,14 +203,21 @@ def registration(recipe, data, errors):
     return name
 
 
-def dataset_problem(cluster, path):
-    """Why `path` (a data set in the cluster's shared home) cannot be trained on, or ""."""
-    if not isinstance(path, str) or not path.endswith((".jsonl", ".parquet")):
+def dataset_problem(cluster, path, kind):
+    """Why `path` (a data set in the cluster's shared home) cannot be trained on, or "". Pretraining and
+    continued pretraining also read a folder prepared by recipes.node.prepare_data (its index.json)."""
+    prepared = kind in ("pretrain", "cpt") and isinstance(path, str) and not path.endswith((".jsonl", ".parquet"))
+    if not isinstance(path, str) or not (prepared or path.endswith((".jsonl", ".parquet"))):
         return "a data set is a .jsonl or .parquet file in the cluster's shared home (a path relative to it)"
     try:
-        found = clusters.file_exists(cluster, path)
+        found = clusters.file_exists(cluster, f"{path.rstrip('/')}/index.json" if prepared else path)
     except ConsoleError as exc:
         return f"it cannot be read: {exc.message}"
+    if prepared and not found:
+        return (
+            f"there is no {path}/index.json in the cluster's shared home: prepare a folder of documents first "
+            "(python -m recipes.node.prepare_data SOURCE TARGET), or name a .jsonl or .parquet file"
+        )
     return "" if found else f"there is no {path} in the cluster's shared home"
 
 
