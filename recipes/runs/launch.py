@@ -206,9 +206,14 @@ def registration(recipe, data, errors):
 def dataset_problem(cluster, path, kind):
     """Why `path` (a data set in the cluster's shared home) cannot be trained on, or "". Pretraining and
     continued pretraining also read a folder prepared by recipes.node.prepare_data (its index.json)."""
-    prepared = kind in ("pretrain", "cpt") and isinstance(path, str) and not path.endswith((".jsonl", ".parquet"))
-    if not isinstance(path, str) or not (prepared or path.endswith((".jsonl", ".parquet"))):
-        return "a data set is a .jsonl or .parquet file in the cluster's shared home (a path relative to it)"
+    folders = kind in ("pretrain", "cpt")
+    what = "a .jsonl or .parquet file" + (", or a folder prepare_data wrote," if folders else "")
+    refused = f"a data set is {what} in the cluster's shared home (a path relative to it)"
+    if not isinstance(path, str) or not path or path.startswith("/") or ".." in path.split("/"):
+        return refused
+    prepared = folders and not path.endswith((".jsonl", ".parquet"))
+    if not (prepared or path.endswith((".jsonl", ".parquet"))):
+        return refused
     try:
         found = clusters.file_exists(cluster, f"{path.rstrip('/')}/index.json" if prepared else path)
     except ConsoleError as exc:
