@@ -3,7 +3,7 @@ node a job there can count on."""
 
 from clusters import services as clusters
 from clusters.choices import NodeRole
-from clusters.spec.catalog import MachineType, machine_type_info
+from clusters.spec.catalog import machine_fabric
 
 
 def partition_shape(cluster, partition_name):
@@ -34,12 +34,9 @@ def smallest_node(cluster, partition_name):
 
 
 def gpu_network(cluster, partition_name):
-    """The GPU network of the partition's machine type (rdma, tcpxo, tcpx; machine_types.json's
-    `fabric`), or "" where its nodes have no GPUs on this backend."""
-    shape = partition_shape(cluster, partition_name)
-    if not shape or not shape[1]:
-        return ""
-    partition = cluster.partitions.filter(name=partition_name).prefetch_related("node_pools").first()
-    pools = [p for p in partition.node_pools.all() if p.role == NodeRole.COMPUTE]
-    fabrics = {(machine_type_info(p.machine_type) or MachineType(p.machine_type, 0, 0)).fabric for p in pools}
-    return fabrics.pop() if len(fabrics) == 1 else ""  # pools of two networks: NCCL's own defaults
+    """The GPU network of a GPU partition's machine type (rdma, tcpxo, tcpx; machine_types.json's
+    `fabric`), or "" (pools of two networks: NCCL's own defaults). Callers ask it of partitions whose
+    nodes have GPUs on this backend (partition_shape)."""
+    pools = cluster.node_pools.filter(role=NodeRole.COMPUTE, partitions__name=partition_name)
+    fabrics = {machine_fabric(machine_type) for machine_type in pools.values_list("machine_type", flat=True)}
+    return fabrics.pop() if len(fabrics) == 1 else ""

@@ -26,7 +26,7 @@ from ..operations import start
 from ..slurm import batch
 from ..slurm.hooks import GPU_CHECK
 from ..slurm.states import NODE_UP, is_down, is_drained, is_schedulable, split_state
-from ..spec.catalog import accelerator_info, machine_type_info
+from ..spec.catalog import accelerator_info, machine_fabric
 from ..work import PermanentBackendError, Step, TransientBackendError, heartbeat
 from . import FAIL, PASS, WARN, epilog, load_checks, threshold_errors, thresholds, unknown_checks
 from .checks.correctness import checksum
@@ -218,17 +218,11 @@ def write_job(ctx):
             folder=runtime.folder,
             # The interconnect check's collectives go over the GPU network, set up as for a user's run.
             body=[
-                *batch.nccl_lines(gpu_network(pool) if context["gpus_per_node"] else ""),
+                *batch.nccl_lines(machine_fabric(pool.machine_type) if pool and context["gpus_per_node"] else ""),
                 f"srun {shlex.quote(runtime.python)} -m clusters.health.agent {folder}/context.json {folder}",
             ],
         )
         agent.write(in_scan(ctx, f"scan-{name}.sbatch"), script.encode())
-
-
-def gpu_network(pool):
-    """The pool's GPU network (machine_types.json's `fabric`), "" for none or an unknown type."""
-    known = machine_type_info(pool.machine_type) if pool else None
-    return known.fabric if known else ""
 
 
 def write_gpu_check(ctx, runtime, context):

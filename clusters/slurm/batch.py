@@ -10,11 +10,10 @@ checked against a real slurmrestd (tests/test_slurm_rest.py). An option outside 
 with its line number, never dropped: a job must not run with fewer constraints than its script asks.
 """
 
-import json
 import re
 import shlex
-from pathlib import Path
 
+from ..spec.catalog import nccl_networks
 from ..work import PermanentBackendError
 
 # sbatch option (long name) -> slurmrestd v0.0.38 key. Flags (no value) map to True.
@@ -162,8 +161,6 @@ def render(options, *, body, environment=None, folder=None):
     return "\n".join(lines)
 
 
-NCCL = Path(__file__).resolve().parent.parent / "data" / "nccl.json"
-
 
 def nccl_lines(fabric):
     """The lines a job script runs before srun so NCCL uses the machine type's GPU network (`fabric`
@@ -171,7 +168,7 @@ def nccl_lines(fabric):
     clusters/data/nccl.json says Google's examples set it up; [] for none (CPU nodes, the local
     backend). A plugin missing from the image is said on the job's output, and NCCL falls back to
     sockets rather than the job failing."""
-    setup = json.loads(NCCL.read_text()).get(fabric) if fabric else None
+    setup = nccl_networks().get(fabric) if fabric else None
     if not setup:
         return []
     profile = shlex.quote(setup["profile"])

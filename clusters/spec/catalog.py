@@ -88,3 +88,15 @@ def machine_type_info(name):
 def accelerator_info(accelerator_type):
     """The GPU's figures ({"name", "memory_gb", "bf16_tflops", "host_to_device_gbps", ...}) or None."""
     return json.loads(ACCELERATORS.read_text()).get(accelerator_type) if accelerator_type else None
+
+
+def machine_fabric(name):
+    """The machine type's GPU network (rdma, tcpxo, tcpx), or "" for none or a type the console does not know."""
+    info = machine_type_info(name)
+    return info.fabric if info else ""
+
+
+@cache
+def nccl_networks():
+    """How jobs set NCCL up on each GPU network, and the images that bring its plugin (nccl.json)."""
+    return json.loads((DATA / "nccl.json").read_text())

@@ -11,20 +11,19 @@ GCE_IMAGE (or GCE_GPU_IMAGE) names `projects/P/global/images/family/<family>`: n
 newest image of the family (https://cloud.google.com/compute/docs/images/image-families-best-practices).
 """
 
-import json
 import time
 from pathlib import Path
 
 from django.conf import settings
 from django.utils import timezone
 
+from ...spec.catalog import nccl_networks
 from ...work import PermanentBackendError
 from .cloud import wait_operation
 from .errors import map_api_error
 from .instances import serial_outcome
 
 BAKE = Path(__file__).resolve().parent / "bake.sh"
-NCCL = Path(__file__).resolve().parents[2] / "data" / "nccl.json"
 # Base images: Debian 12 for CPU nodes; for GPU nodes Ubuntu's accelerator image, which carries the
 # NVIDIA driver (https://cloud.google.com/compute/docs/gpus/install-drivers-gpu).
 CPU_BASE = "projects/debian-cloud/global/images/family/debian-12"
@@ -116,7 +115,7 @@ def build(clients, project, zone, *, gpu=False, family="", base="", report=print
 
 
 def bake_script(*, gpu, family, stamp):
-    nccl = json.loads(NCCL.read_text())
+    nccl = nccl_networks()
     images = {"GIB_INSTALLER": nccl["rdma"]["installer"], "TCPXO_INSTALLER": nccl["tcpxo"]["installer"],
               "TCPXO_DAEMON": nccl["tcpxo"]["daemon"]}  # fmt: skip
     text = BAKE.read_text()

@@ -1,7 +1,6 @@
 """Slurm on a gce cluster's VMs: slurm.conf rendered from the spec, the startup script, and the
 metadata the controller and login nodes read (slurm.conf, gres.conf, prolog, epilog, the agent)."""
 
-import json
 from pathlib import Path
 
 from django.conf import settings
@@ -9,7 +8,7 @@ from django.conf import settings
 from ...choices import NodeRole
 from ...slurm import hooks, hostlist
 from ...spec import pool_node_count
-from ...spec.catalog import machine_type_info
+from ...spec.catalog import machine_fabric, machine_type_info, nccl_networks
 from ...work import TransientBackendError
 from . import storage as storage_mod
 from .errors import map_api_error
@@ -227,15 +226,6 @@ def gcsfuse_flags(options):
     return " ".join([*flags, "-o", ",".join(dict.fromkeys(fuse))])
 
 
-NCCL = Path(__file__).resolve().parents[2] / "data" / "nccl.json"
-
-
-def machine_fabric(pool):
-    """The pool's GPU network (machine_types.json's `fabric`: rdma, tcpxo, tcpx) or ""."""
-    info = machine_type_info(pool["machine_spec"]["machine_type"])
-    return info.fabric if info else ""
-
-
 def startup_script(cloud, pool, role):
     """The node's startup script: install Slurm, join the controller, mount /home, Lustre and buckets."""
     storage = cloud.storage
@@ -256,8 +246,8 @@ def startup_script(cloud, pool, role):
         "GCS_MOUNTS": ";".join(mounts),
         "EXISTING_MOUNTS": ";".join(storage_mod.existing_mounts(cloud, pool)),
         "GPUS": str(gpus),
-        "FABRIC": machine_fabric(pool) if gpus else "",
-        "TCPXO_DAEMON": json.loads(NCCL.read_text())["tcpxo"]["daemon"],
+        "FABRIC": machine_fabric(pool["machine_spec"]["machine_type"]) if gpus else "",
+        "TCPXO_DAEMON": nccl_networks()["tcpxo"]["daemon"],
         "SECRETS": settings.GCE_SECRET_MANAGER_ENDPOINT or "https://secretmanager.googleapis.com",
         "SHARED": SHARED,
         "SLURMRESTD_PORT": str(settings.GCE_SLURMRESTD_PORT),
