@@ -11,6 +11,8 @@ import contextlib
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from console.errors import FieldErrors, Unavailable
+
 
 class BackendError(Exception):
     """A failure with a message fit for the operation's error and the cluster timeline."""
@@ -33,6 +35,15 @@ class PermanentBackendError(BackendError):
     """A retry cannot help: a bad quota, a missing permission, a missing package."""
 
     retryable = False
+
+
+def as_step_error(exc):
+    """A service's refusal (a ConsoleError) as the operation's failure: retried when the cluster or the
+    registry was only not answering (Unavailable), final otherwise."""
+    error = TransientBackendError if isinstance(exc, Unavailable) else PermanentBackendError
+    if isinstance(exc, FieldErrors):
+        return error("; ".join(f"{field}: {' '.join(reasons)}" for field, reasons in exc.errors.items()))
+    return error(exc.message)
 
 
 @dataclass

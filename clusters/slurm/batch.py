@@ -161,7 +161,6 @@ def render(options, *, body, environment=None, folder=None):
     return "\n".join(lines)
 
 
-
 def nccl_lines(fabric):
     """The lines a job script runs before srun so NCCL uses the machine type's GPU network (`fabric`
     from clusters/data/machine_types.json: rdma for gIB on A3 Ultra and A4, tcpxo for A3 Mega), as

@@ -9,8 +9,8 @@ round for every endpoint."""
 
 from clusters import operations
 from clusters.choices import ClusterStatus
-from clusters.work import PermanentBackendError, Step, TransientBackendError
-from console.errors import ConsoleError, Unavailable
+from clusters.work import PermanentBackendError, Step, as_step_error
+from console.errors import ConsoleError
 
 from ..models import ModelVersion
 from .versions import stage
@@ -31,10 +31,8 @@ def copy(ctx):
         raise PermanentBackendError(f"{ctx.params.get('version', 'the version')} was deleted")
     try:
         stage(version, ctx.cluster)
-    except Unavailable as exc:  # the registry or the cluster not answering: the engine retries
-        raise TransientBackendError(exc.message) from None
-    except ConsoleError as exc:
-        raise PermanentBackendError(exc.message) from None
+    except ConsoleError as exc:  # retried when the registry or the cluster was only not answering
+        raise as_step_error(exc) from None
 
 
 operations.register(

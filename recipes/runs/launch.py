@@ -26,8 +26,8 @@ from clusters.choices import ClusterStatus
 from clusters.events import record_event
 from clusters.slurm import batch
 from clusters.spec.validator import ID_RULE, RESOURCE_ID
-from clusters.work import PermanentBackendError, Step, TransientBackendError
-from console.errors import Conflict, ConsoleError, FieldErrors, Unavailable
+from clusters.work import Step, as_step_error
+from console.errors import Conflict, ConsoleError, FieldErrors
 from console.fields import whole_number
 
 from .. import registry
@@ -506,14 +506,6 @@ LAUNCH = "LAUNCH"
 
 def run_of(ctx):
     return Run.objects.select_related("cluster__project").get(uuid=ctx.params["run"])
-
-
-def as_step_error(exc):
-    """A service's refusal as the operation's failure: retried when the cluster was only not answering."""
-    error = TransientBackendError if isinstance(exc, Unavailable) else PermanentBackendError
-    if isinstance(exc, FieldErrors):
-        return error("; ".join(f"{field}: {' '.join(reasons)}" for field, reasons in exc.errors.items()))
-    return error(exc.message)
 
 
 def check_and_stage(ctx):

@@ -50,10 +50,8 @@ def reconcile(endpoint):
     # has: a new replica that fails then fails the roll. Otherwise a failed replica is replaced.
     live = [r for r in running if r.state == ReplicaState.READY]
     rolling = any(r.version_id != want.pk for r in live) or not any(r.version_id == want.pk for r in live)
-    if rolling and (unborn := never_served(running, want)):
-        fail_roll(endpoint, want, f"replica {unborn.pk}: {unborn.error or 'it failed'}", running)
-        finish_drains(endpoint, now)
-        return
+    if rolling and (why := never_served(running, want)):
+        return fail_roll(endpoint, want, why, running, now)
     running = [r for r in running if r.state in ReplicaState.running()]
     current = [r for r in running if r.version_id == want.pk and r.state != ReplicaState.DRAINING]
     old = [r for r in running if r.version_id != want.pk and r.state != ReplicaState.DRAINING]
@@ -64,15 +62,11 @@ def reconcile(endpoint):
         for _ in range(missing if staged else 0):
             current.append(start(endpoint, want, staged))
     except StagingFailed as exc:
-        fail_roll(endpoint, want, str(exc), running)
-        finish_drains(endpoint, now)
-        return
+        return fail_roll(endpoint, want, str(exc), running, now)
     except ConsoleError as exc:
         event(endpoint, f"Cannot start a replica of {want.ref}: {exc.message}")
-    if rolling and (unborn := never_served(current, want)):  # its job could not even be submitted
-        fail_roll(endpoint, want, f"replica {unborn.pk}: {unborn.error or 'it failed'}", running + current)
-        finish_drains(endpoint, now)
-        return
+    if rolling and (why := never_served(current, want)):  # its job could not even be submitted
+        return fail_roll(endpoint, want, why, running + current, now)
     surplus = len(current) - endpoint.desired_replicas
     for replica in sorted(current, key=lambda r: (r.state == ReplicaState.READY, r.pk))[: max(0, surplus)]:
         drain(replica, f"scaled down to {endpoint.desired_replicas}")
@@ -95,9 +89,10 @@ def finish_drains(endpoint, now):
 
 
 def never_served(replicas, want):
-    """A replica of `want` that failed before it ever served, or None."""
-    return next((r for r in replicas if r.version_id == want.pk and r.state == ReplicaState.FAILED
-                 and r.ready_at is None), None)  # fmt: skip
+    """Why a replica of `want` failed before it ever served ("replica N: ..."), or None if none did."""
+    unborn = next((r for r in replicas if r.version_id == want.pk and r.state == ReplicaState.FAILED
+                   and r.ready_at is None), None)  # fmt: skip
+    return f"replica {unborn.pk}: {unborn.error or 'it failed'}" if unborn else None
 
 
 class StagingFailed(Exception):
@@ -109,7 +104,9 @@ def staged_for(endpoint, want):
     None while it runs. StagingFailed when it failed: the next try is a new operation, once the endpoint
     is changed."""
     operation = endpoint.staging
-    if operation is None or operation.params.get("version_id") != want.pk:
+    if operation is not None and operation.params.get("version_id") == want.pk:
+        operation.refresh_from_db(fields=["status", "error"])  # a worker moves it on
+    else:
         # Another endpoint's (or an earlier) copy of the same version onto the same cluster will do.
         operation = Operation.objects.filter(cluster=endpoint.cluster, kind=registry.STAGE,
                                              params__version_id=want.pk).exclude(
@@ -119,7 +116,6 @@ def staged_for(endpoint, want):
             event(endpoint, f"Staging {want.ref} onto {endpoint.cluster.name} (operation {operation.uuid})")
         Endpoint.objects.filter(pk=endpoint.pk).update(staging=operation)
         endpoint.staging = operation
-    operation.refresh_from_db(fields=["status", "error"])
     if operation.status == OperationStatus.SUCCEEDED:
         return registry.staged_path(want)
     if operation.status == OperationStatus.FAILED:
@@ -128,12 +124,12 @@ def staged_for(endpoint, want):
     return None
 
 
-def fail_roll(endpoint, want, why, running):
+def fail_roll(endpoint, want, why, running, now):
     """The version being rolled out cannot serve (it could not be staged, or a replica of it never
     served: its job ended, or it was not serving ENDPOINT_START_SECONDS after it was submitted): stop
     trying that version until the endpoint is changed, stop its other new replicas, and leave what
     served before serving. Starting new replicas again and again would fill the cluster's queue with
-    jobs that fail the same way."""
+    jobs that fail the same way. Drains due are finished as at the end of every round."""
     before = [r for r in running if r.version_id != want.pk and r.state == ReplicaState.READY]
     for replica in running:
         if replica.version_id != want.pk or replica.state not in ReplicaState.running():
@@ -145,6 +141,7 @@ def fail_roll(endpoint, want, why, running):
         serving = ", ".join(sorted({r.version_ref for r in before})) or "nothing"
         event(endpoint, f"Roll to {want.ref} failed ({why}); {serving} still serves. Nothing more is tried until "
                         "the endpoint is deployed again (Retry on its page, or a PATCH)")  # fmt: skip
+    finish_drains(endpoint, now)
 
 
 def due():

@@ -16,7 +16,7 @@ from console.errors import ConsoleError
 
 from .. import registry
 from ..models import ModelVersion, Replica, ReplicaState
-from ..partitions import default_partition, partition_shape, smallest_node
+from ..partitions import default_partition, smallest_node
 from .endpoints import event
 
 
@@ -30,12 +30,11 @@ def replica_script(endpoint, replica, staged, runtime):
     home = clusters.shared_dir(endpoint.cluster)
     folder = f"{home}/{replica.folder}"
     partition = default_partition(endpoint.cluster)
-    per_node = (partition_shape(endpoint.cluster, partition) or (0, 0, ""))[1] if partition else 0
-    gpus = min(max(endpoint.gpus_per_replica, 1), per_node) if per_node else 0
+    node = smallest_node(endpoint.cluster, partition) if partition else None  # GPUs: the partition's fewest
+    gpus = min(max(endpoint.gpus_per_replica, 1), node.gpus) if node and node.gpus else 0
     engine = ["--engine", "vllm", "--gpus", str(gpus)] if gpus else []  # vLLM's tensor parallel size
     cpus, memory = 1, None
-    node = smallest_node(endpoint.cluster, partition) if gpus else None
-    if node is not None and node.gpus:
+    if gpus:
         # The node's CPUs and memory in proportion to its GPUs taken (vLLM's tokenizer and scheduler
         # threads, and host memory to load the weights through), a tenth of the memory left to the OS.
         share = gpus / node.gpus
