@@ -91,6 +91,9 @@ class FakeGoogleCloud:
         self.changed = threading.Condition(self.lock)  # metadata waits (wait_for_change)
         self.vpc = VPC(root) if boot else None
         self.addresses = {}  # instance internal address -> resource key
+        # {instance name: n}: its metadata server answers 503 to the next n requests after the startup script's
+        # own fetch (the guest agent's), as the real one can while a VM starts.
+        self.metadata_outages = {}
         self.server = ThreadingHTTPServer((self.vpc.gateway if boot else "127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -538,6 +541,10 @@ class FakeGoogleCloud:
             if key not in self.resources:
                 return 404, "no instance at this address", ""
             want = path.removeprefix("/computeMetadata/v1/")
+            name = key.rsplit("/", 1)[1]
+            if self.metadata_outages.get(name) and want != "instance/attributes/startup-script":
+                self.metadata_outages[name] -= 1
+                return 503, "Service Unavailable", ""
             answer = self._metadata_value(self.resources[key], key, want)
             if answer is None:
                 return 404, "Not Found", ""

@@ -51,7 +51,8 @@ mount --bind "$SHARE" /home
 mount -t tmpfs -o mode=0755 tmpfs /run
 hostname "$NAME"
 echo "tcc-vm: $NAME booting"
-curl -sf -H Metadata-Flavor:Google "http://$META/computeMetadata/v1/instance/attributes/startup-script" \
+curl -sf --retry 6 --retry-delay 1 --retry-connrefused -H Metadata-Flavor:Google \
+  "http://$META/computeMetadata/v1/instance/attributes/startup-script" \
   > /run/startup-script || echo "tcc-vm: no startup-script in the metadata"
 if [ -s /run/startup-script ]; then
   GCE_METADATA_HOST=$META TCC_SIMULATED_VM=1 HOME=/root LANG=C.UTF-8 bash /run/startup-script 2>&1 \

@@ -206,9 +206,14 @@ def test_the_controllers_doors_listen_on_its_internal_address_only(cluster, fake
 
 
 def test_a_resize_boots_vms_that_join_configless_and_a_shrink_deletes_them(cluster, fake):
+    """The new VM's metadata server is unavailable for its first requests, as the real one can be while a VM
+    starts (a CI run failed a create on 'reading the instance name from the metadata server'): the startup
+    script retries them."""
     prefix = names("glab", "train").prefix
+    fake.metadata_outages[f"{prefix}-cpu-2"] = 3
     grown = run(services.update_cluster(cluster=cluster, spec=gce_spec(cpu=3)))
     assert grown.status == ClusterStatus.READY, grown.status_message
+    assert fake.metadata_outages[f"{prefix}-cpu-2"] == 0  # the three 503s were answered
     assert f"{prefix}-cpu-2" in fake.vpc.vms
     assert {n.name: n.state for n in backend().node_statuses(grown)} == {
         "cpu-0": "idle",

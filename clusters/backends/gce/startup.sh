@@ -40,7 +40,14 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_
 fail() { echo "tcc-startup: FAILED: $*" >&2; exit 1; }  # the console shows this line from the serial console
 
 META="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1"
-meta() { curl -sf -H Metadata-Flavor:Google "$META/$1"; }
+# The metadata server can be out of reach for a moment while a VM starts (google-auth-library-java#109:
+# "VM metadata server being unavailable during VM launch"; Google's clients retry its 500 and 503,
+# google-auth-library-python#984). `meta` retries what is transient (refused, timed out, 408, 429, 5xx)
+# and answers an attribute the instance lacks (404) at once; `meta_required`, for what every instance
+# has (its name, project, address, token, the agent), retries any failure. Both for about 20 s.
+METADATA_RETRY=(--retry 6 --retry-delay 2 --retry-max-time 30 --connect-timeout 5 --max-time 20)
+meta() { curl -sf "${METADATA_RETRY[@]}" --retry-connrefused -H Metadata-Flavor:Google "$META/$1"; }
+meta_required() { curl -sf "${METADATA_RETRY[@]}" --retry-all-errors -H Metadata-Flavor:Google "$META/$1"; }
 mkdir -p /run/tcc && chmod 0700 /run/tcc
 
 # -- the metadata server is root's alone, before anything that runs users' work starts (below) --------
@@ -220,7 +227,7 @@ fi
 
 secret() {  # secret NAME FILE: the latest version of a Secret Manager secret, with the VM's service account
   local token
-  token=$(meta instance/service-accounts/default/token | python3 -c 'import json,sys; print(json.load(sys.stdin)["access_token"])') \
+  token=$(meta_required instance/service-accounts/default/token | python3 -c 'import json,sys; print(json.load(sys.stdin)["access_token"])') \
     || return 1
   (umask 077; curl -sf -H "Authorization: Bearer $token" "$SECRETS/v1/projects/$PROJECT/secrets/$1/versions/latest:access" \
     | python3 -c 'import base64,json,sys; sys.stdout.buffer.write(base64.b64decode(json.load(sys.stdin)["payload"]["data"]))' \
@@ -228,8 +235,8 @@ secret() {  # secret NAME FILE: the latest version of a Secret Manager secret, w
   mv "$2.new" "$2"
 }
 
-NAME=$(meta instance/name) || fail "reading the instance name from the metadata server"
-PROJECT=$(meta project/project-id) || fail "reading the project id from the metadata server"
+NAME=$(meta_required instance/name) || fail "reading the instance name from the metadata server (curl exit $?)"
+PROJECT=$(meta_required project/project-id) || fail "reading the project id from the metadata server (curl exit $?)"
 NODE=${NAME#"$CLUSTER"-}
 
 # -- packages the image lacks (none on an image baked by `manage.py gce_image build`) ---------------
@@ -341,11 +348,11 @@ case "$ROLE" in
     daemon tcc-slurmctld slurmctld -D
     # Both of the console's doors listen on the controller's internal address alone (not loopback, not a
     # container bridge), where the cluster's firewall admits the console's range only.
-    ip=$(meta instance/network-interfaces/0/ip) || fail "reading the controller's address from the metadata"
+    ip=$(meta_required instance/network-interfaces/0/ip) || fail "reading the controller's address from the metadata (curl exit $?)"
     daemon tcc-slurmrestd env SLURM_JWT=daemon slurmrestd -a rest_auth/jwt -s openapi/v0.0.38 -u nobody "$ip:$SLURMRESTD_PORT"
     # The cluster agent (the console's clusters/agent/server.py, standard library only): files under the
     # shared home, the Slurm actions slurmrestd lacks, TensorBoard. Its key is in Secret Manager too.
-    meta instance/attributes/tcc-agent > /run/tcc/agent.py || fail "reading the cluster agent from the metadata"
+    meta_required instance/attributes/tcc-agent > /run/tcc/agent.py || fail "reading the cluster agent from the metadata (curl exit $?)"
     secret "$CLUSTER-agent-key" /run/tcc/agent.key || fail "reading the agent key from Secret Manager"
     daemon tcc-agent python3 /run/tcc/agent.py --home "$SHARED" --key-file /run/tcc/agent.key \
       --listen "$ip:$AGENT_PORT" --slurm-conf /etc/slurm/slurm.conf \
