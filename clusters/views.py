@@ -14,7 +14,7 @@ from django.views.decorators.http import require_POST
 
 from console import safejson
 from console.actions import act
-from console.charts import line_chart
+from console.charts import chart
 from console.errors import ConsoleError, FieldErrors
 from console.fields import whole_number
 from console.htmx import render_fragment
@@ -265,13 +265,13 @@ def node_detail(request, project, name, node):
     recent = HealthResult.objects.filter(cluster=cluster, node=node.name).select_related("operation").order_by("-id")
     for result in recent[:400]:
         history.setdefault(result.check_name, []).append(result)
-    series = {"speed": ("gflops", "GFLOP/s"), "interconnect": ("busbw_gbps", "GB/s all-reduce bus bandwidth")}
+    series = {"speed": ("Speed", "gflops", "GFLOP/s"), "interconnect": ("Interconnect", "busbw_gbps", "GB/s")}
     charts = []
-    for check, (key, unit) in series.items():
-        points = [r.values[key] for r in reversed(history.get(check, [])) if key in r.values]
-        chart = line_chart([{"step": i + 1, key: v} for i, v in enumerate(points)], key)
-        if chart:
-            charts.append({"check": check, "unit": unit, "chart": chart})
+    for check, (title, key, unit) in series.items():
+        rows = [{"time": r.created.timestamp(), key: r.values[key]} for r in history.get(check, []) if key in r.values]
+        found = chart(f"{check}-chart", f"{title} by scan", rows, {key: key}, x="time", unit=unit)
+        if found:
+            charts.append(found)
     context = {
         "cluster": cluster,
         "node": node,

@@ -23,7 +23,7 @@ import redis
 from django.conf import settings
 from rest_framework.test import APIClient
 
-from clusters import processes
+from clusters import processes, services
 from clusters.choices import ClusterStatus, Role
 from clusters.models import Cluster, Operation, Project
 from clusters.operations import engine
@@ -88,6 +88,19 @@ def charlies_project(charlie):
     project = Project.objects.create(slug="charlie-lab", name="Charlie's lab")
     project.members.add(charlie, through_defaults={"role": Role.ADMIN})
     return project
+
+
+@pytest.fixture
+def alice_web(client, alice, alpha):
+    """alice, signed in to the pages."""
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
+def demo(alice, alpha):
+    """alpha/demo, created (its provisioning not run: no worker)."""
+    return services.create_cluster(project=alpha, name="demo", spec=example_spec(), user=alice).cluster
 
 
 def submit_through_slurmrestd(api, url, script, **job):

@@ -137,3 +137,34 @@ def test_alice_can_complete_a_step_with_the_keyboard_alone(page, live_server):
     page.keyboard.press("Enter")
     page.wait_for_url("**/wizard/compute/")
     assert Cluster.objects.get(name="steps").spec["display_name"] == "keys1"
+
+
+def test_charts_are_drawn_with_their_axes_and_switch_to_a_log_scale(page, live_server, alice, alpha):
+    """uPlot draws the run page's charts (a canvas per chart, its legend in four figures); the log-scale
+    switch redraws the loss and survives the page's polling, which swaps the charts in again."""
+    from recipes.models import Run, RunMetric, RunStatus
+
+    from .conftest import example_spec
+
+    cluster = Cluster.objects.create(project=alpha, name="charts", spec=example_spec(), status=ClusterStatus.READY)
+    run = Run.objects.create(cluster=cluster, recipe_id="llama3.1-8b-pretrain", profile="tiny", partition="cpu",
+                             nodes=1, steps=100, config={}, script="", work_dir="/home/runs/x",
+                             status=RunStatus.RUNNING)  # fmt: skip
+    for step in range(1, 21):
+        values = {"step": step, "loss": 10.0 / step, "lr": 1e-4 * step, "tokens_per_s": 600.0 + step, "time": step}
+        RunMetric.objects.create(run=run, line=step, step=step, values=values)
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(f"{live_server.url}{run.get_absolute_url()}")
+    for chart_id in ("loss-chart", "lr-chart", "throughput-chart"):
+        page.locator(f"#{chart_id} canvas").wait_for()
+        assert page.locator(f"#{chart_id}").get_attribute("data-drawn") == "true"
+    assert "tokens/s" in page.locator("#throughput-chart .u-legend").text_content()
+    page.locator("#loss-chart input[data-log]").check()
+    page.wait_for_function("document.querySelector('#loss-chart')._chart.scales.y.distr === 3")
+    page.evaluate("window.drawnBefore = document.querySelector('#loss-chart')")
+    # The run page polls every 2 s: a new figure is swapped in, drawn again with the reader's choice.
+    page.wait_for_function("(f => f !== window.drawnBefore && f._chart)(document.querySelector('#loss-chart'))")
+    assert page.evaluate("document.querySelector('#loss-chart')._chart.scales.y.distr") == 3
+    assert page.locator("#loss-chart input[data-log]").is_checked()
+    assert errors == []

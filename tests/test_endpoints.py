@@ -196,7 +196,7 @@ def test_an_endpoint_serves_an_alias_rolls_when_it_moves_and_scales_with_load(
         assert max(s["replicas"] for s in metrics["samples"]) == 2
         client.force_login(alice)
         page = client.get("/endpoints/alpha/chat/").content.decode()
-        assert 'id="requests_per_s"' in page and 'id="p95_ms"' in page and 'id="replicas"' in page
+        assert 'id="requests_per_s"' in page and 'id="latency"' in page and 'id="replicas"' in page
 
         deleted = alice_api.delete("/api/v1/projects/alpha/endpoints/chat/")
         assert deleted.status_code == 202

@@ -2,7 +2,6 @@
 
 import pytest
 
-from clusters import services
 from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Cluster, Operation
 from console.models import APIToken, digest
@@ -10,17 +9,6 @@ from console.models import APIToken, digest
 from .conftest import example_spec, provisioned
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def alice_web(client, alice, alpha):
-    client.force_login(alice)
-    return client
-
-
-@pytest.fixture
-def demo(alice, alpha):
-    return services.create_cluster(project=alpha, name="demo", spec=example_spec(), user=alice).cluster
 
 
 @pytest.mark.parametrize("path", ["/", "/clusters/new/", "/tokens/", "/clusters/alpha/demo/", "/api/docs/"])

@@ -64,7 +64,8 @@ def test_alice_sees_the_models_page_a_version_with_its_lineage_and_a_comparison(
     assert f'href="/models/alpha/{name}/v1/">{name}:v1</a>' in version  # lineage: its parent, a link
     assert 'id="loss-chart"' in version and "0.0005" in version and "staging" in version
     compared = client.get(f"/models/alpha/{name}/compare/", {"a": 1, "b": 2}).content.decode()
-    assert 'id="loss-a"' in compared and 'id="loss-b"' in compared
+    assert 'id="loss-chart"' in compared  # both versions' curves on one chart
+    assert f"{name}:v1: " in compared and f"{name}:v2: " in compared  # in its summary, one series each
     assert "<td><code>0.001</code></td><td><code>0.0005</code></td>" in compared
 
 

@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 
 from clusters import access
 from console.actions import act
-from console.charts import line_chart
+from console.charts import chart, overlay
 from console.errors import ConsoleError
 from console.fields import whole_number
 
@@ -67,18 +67,27 @@ def version_detail(request, project, name, version):
         raise Http404("No such version")
     problem = ""
     try:
-        history = registry.metric_history(found)
+        history = registry.metric_history(found, keys=("loss", "lr", "tokens_per_s"))
         params = registry.run_params(found)
         aliases = [a for a, n in registry.aliases(project, name).items() if n == version]
     except ConsoleError as exc:
         history, params, aliases, problem = {}, {}, [], exc.message
-    rows = [{"step": step, "loss": value} for step, value in history.get("loss", [])]
+    rows = {}
+    for key, points in history.items():
+        for step, value in points:
+            rows.setdefault(step, {"step": step})[key] = value
+    rows = list(rows.values())
+    charts = [
+        chart("loss-chart", "Training loss", rows, {"loss": "loss"}, log=True),
+        chart("lr-chart", "Learning rate", rows, {"lr": "learning rate"}),
+        chart("throughput-chart", "Throughput", rows, {"tokens_per_s": "tokens/s"}, unit="tokens/s"),
+    ]
     context = {
         "project": project,
         "version": found,
         "aliases": aliases,
         "params": params,
-        "chart": line_chart(rows, "loss"),
+        "charts": [c for c in charts if c],
         "registry_problem": problem,
         "children": found.children.all(),
         "can_change": access.can(request.user, project, access.RUN),
@@ -102,11 +111,13 @@ def compare(request, project, name):
         except ConsoleError as exc:
             history, params, problem = {}, {}, exc.message
         rows = [{"step": s, "loss": v} for s, v in history.get("loss", [])]
-        sides.append({"version": version, "params": params, "chart": line_chart(rows, "loss")})
+        sides.append({"version": version, "params": params, "rows": rows})
+    curves = {side["version"].ref: side["rows"] for side in sides if side["rows"]}
+    compared = overlay("loss-chart", "Training loss", curves, "loss", log=True) if len(curves) == 2 else None
     keys = sorted({k for side in sides for k in side["params"]})
     table = [(key, [side["params"].get(key, "-") for side in sides]) for key in keys]
     context = {"project": project, "name": name, "versions": versions, "sides": sides, "params": table,
-               "picked": picked, "registry_problem": problem}  # fmt: skip
+               "picked": picked, "registry_problem": problem, "chart": compared}  # fmt: skip
     status = 400 if request.GET and len(sides) < 2 else 200
     return render(request, "recipes/model_compare.html", context, status=status)
 

@@ -7,6 +7,7 @@ from . import views
 urlpatterns = [
     path("", views.cluster_runs, name="cluster-runs"),
     path("new/", views.run_new, name="run-new"),
+    path("compare/", views.run_compare, name="run-compare"),
     path("<uuid:run_id>/", views.run_detail, name="run-detail"),
     path("<uuid:run_id>/live/", views.run_live, name="run-live"),
     path("<uuid:run_id>/log/", views.run_log, name="run-log"),

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 
 from clusters import access
 from console.actions import act
-from console.charts import line_chart
+from console.charts import chart, overlay
 from console.errors import ConsoleError, FieldErrors
 from console.htmx import render_fragment
 
@@ -103,12 +103,53 @@ def run_context(run, full_log=False):
     rows = runs.metrics(run)
     return {
         "summary": runs.summary(run),
-        "chart": line_chart(rows, "loss"),
+        "charts": run_charts(rows),
         "log": runs.log_view(run.log_tail, full=full_log),
         "full_log": full_log,
         "log_hidden": bool(run.log_tail) and not full_log,
         "progress": round(100 * rows[-1]["step"] / run.steps) if rows else 0,
     }
+
+
+def run_charts(rows):
+    """Loss (with a log scale to offer), learning rate and tokens/s by step: those the run has logged."""
+    found = [
+        chart("loss-chart", "Training loss", rows, {"loss": "loss"}, log=True),
+        chart("lr-chart", "Learning rate", rows, {"lr": "learning rate"}),
+        chart("throughput-chart", "Throughput", rows, {"tokens_per_s": "tokens/s"}, unit="tokens/s"),
+    ]
+    return [c for c in found if c]
+
+
+COMPARED = {"loss": ("Training loss", ""), "lr": ("Learning rate", ""), "tokens_per_s": ("Throughput", "tokens/s")}
+MOST_COMPARED = len(("blue", "red", "green", "amber", "purple", "grey"))  # the colours static/console/charts.js has
+
+
+def run_compare(request, project, name):
+    """Several runs of the cluster on one chart: ?run=<id>&run=<id>...&metric=loss|lr|tokens_per_s."""
+    cluster = cluster_for(request, project, name)
+    choices = list(cluster.runs.all()[:50])
+    wanted = request.GET.getlist("run")
+    metric = request.GET.get("metric", "loss")
+    errors = {}
+    if metric not in COMPARED:
+        errors["metric"] = f"Pick one of: {', '.join(COMPARED)}."
+    by_id = {str(run.uuid): run for run in choices}
+    picked = [by_id[w] for w in dict.fromkeys(wanted) if w in by_id]
+    if len(picked) < len(dict.fromkeys(wanted)):
+        errors["run"] = "Pick runs of this cluster from the list (some of those asked for are not among its last 50)."
+    elif wanted and len(picked) < 2:
+        errors["run"] = "Pick at least two runs to compare."
+    elif len(picked) > MOST_COMPARED:
+        errors["run"] = f"Compare at most {MOST_COMPARED} runs at once."
+    compared = None
+    if picked and not errors:
+        title, unit = COMPARED[metric]
+        labelled = {f"{str(run.uuid)[:8]} {run.recipe_id} ({run.profile})": runs.metrics(run) for run in picked}
+        compared = overlay("compare-chart", title, labelled, metric, unit=unit, log=metric == "loss")
+    context = {"cluster": cluster, "choices": choices, "picked": {str(r.uuid) for r in picked}, "metric": metric,
+               "metrics": COMPARED, "chart": compared, "errors": errors, "asked": bool(wanted)}  # fmt: skip
+    return render(request, "recipes/run_compare.html", context, status=400 if errors else 200)
 
 
 @require_POST

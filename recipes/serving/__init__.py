@@ -2,7 +2,7 @@
 (autoscale.py), the periodic reconcile (reconcile.py) and the router process (router.py)."""
 
 from .autoscale import autoscale
-from .endpoints import change_endpoint, check, create_endpoint, delete_endpoint, live_endpoint, series
+from .endpoints import change_endpoint, check, create_endpoint, delete_endpoint, live_endpoint, series, traffic
 from .reconcile import due, reconcile, reconcile_one
 from .replicas import replica_script
 
@@ -18,4 +18,5 @@ __all__ = [
     "reconcile_one",
     "replica_script",
     "series",
+    "traffic",
 ]

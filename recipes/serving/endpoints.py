@@ -25,8 +25,10 @@ idempotently:
 Every scale, roll and replica change is an EndpointEvent on the endpoint's timeline.
 """
 
+import math
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.http import Http404
 from django.utils import timezone
@@ -193,6 +195,39 @@ def live_endpoint(project, name):
     if found is None:
         raise Http404("No such endpoint")
     return found
+
+
+def traffic(endpoint, minutes, points=300):
+    """The router's samples of the last `minutes` in at most `points` equal periods (never shorter than
+    a sample), for the charts: per period its start (seconds since the epoch), requests/s and errors
+    (every router's samples add up), p50 (the samples' mean weighted by their requests), p95, requests
+    queued and replicas (the most of any sample). A period without samples has None everywhere and one
+    with samples but no request None for latency: the charts leave both as gaps."""
+    now = timezone.now()
+    since = now - timedelta(minutes=minutes)
+    width = max(settings.ROUTER_SAMPLE_SECONDS, minutes * 60 / points)
+    buckets = {}
+    for s in endpoint.samples.filter(time__gte=since).order_by("time"):
+        buckets.setdefault(int((s.time - since).total_seconds() // width), []).append(s)
+    rows = []
+    for index in range(math.ceil(minutes * 60 / width)):
+        start = since.timestamp() + index * width
+        found = buckets.get(index)
+        if not found:
+            rows.append({"time": start})
+            continue
+        requests = sum(s.requests for s in found)
+        timed = [s for s in found if s.p50_ms is not None and s.requests]
+        rows.append({
+            "time": start,
+            "requests_per_s": requests / width,
+            "errors": sum(s.errors for s in found),
+            "p50_ms": sum(s.p50_ms * s.requests for s in timed) / sum(s.requests for s in timed) if timed else None,
+            "p95_ms": max((s.p95_ms for s in found if s.p95_ms is not None), default=None),
+            "queued": max(s.queued for s in found),
+            "replicas": max(s.replicas for s in found),
+        })  # fmt: skip
+    return rows
 
 
 def series(endpoint, minutes=15):

@@ -1,8 +1,6 @@
 """Inference endpoint pages: the endpoints of the user's projects, a create form, and an endpoint's page
 (replicas, live charts of the router's samples, timeline, how to call it, deploy/scale/delete)."""
 
-from datetime import datetime
-
 from django.conf import settings
 from django.contrib import messages
 from django.shortcuts import redirect, render
@@ -10,7 +8,7 @@ from django.views.decorators.http import require_POST
 
 from clusters import access
 from console.actions import act
-from console.charts import line_chart
+from console.charts import chart
 from console.errors import ConsoleError, FieldErrors
 from console.htmx import render_fragment
 
@@ -61,21 +59,26 @@ def endpoint_for(request, project, name, permission=access.GET):
     return serving.live_endpoint(access.project(request.user, project, permission), name)
 
 
-def charts(endpoint):
-    rows = serving.series(endpoint, minutes=30)
-    if not rows:
-        return {}
-    start = datetime.fromisoformat(rows[0]["time"])
-    for row in rows:
-        row["step"] = round((datetime.fromisoformat(row["time"]) - start).total_seconds())
-    picked = {"requests_per_s": "requests/s", "p50_ms": "p50 latency (ms)", "p95_ms": "p95 latency (ms)",
-              "errors": "errors", "queued": "requests queued (most at once)", "replicas": "replicas"}  # fmt: skip
-    found = {}
-    for key, label in picked.items():
-        chart = line_chart([r for r in rows if r[key] is not None], key)
-        if chart:
-            found[key] = (label, chart)
-    return found
+WINDOWS = {"15m": 15, "1h": 60, "24h": 24 * 60}  # the time window a page's charts show: ?window=
+TRAFFIC = {  # chart id: (title, {measure: label}, unit)
+    "requests_per_s": ("Requests", {"requests_per_s": "requests/s"}, "req/s"),
+    "latency": ("Latency", {"p50_ms": "p50", "p95_ms": "p95"}, "ms"),
+    "errors": ("Errors", {"errors": "errors (5xx, unreachable)"}, ""),
+    "queued": ("Queued", {"queued": "requests queued (most at once)"}, ""),
+    "replicas": ("Replicas", {"replicas": "replicas routed"}, ""),
+}
+
+
+def window_of(request):
+    window = request.GET.get("window", "1h")
+    return window if window in WINDOWS else "1h"
+
+
+def charts(endpoint, window="1h"):
+    """The router's samples over the window, a chart per measure; periods without a sample are gaps."""
+    rows = serving.traffic(endpoint, WINDOWS[window])
+    found = [chart(key, title, rows, keys, x="time", unit=unit) for key, (title, keys, unit) in TRAFFIC.items()]
+    return [c for c in found if c]
 
 
 def live_context(request, endpoint):
@@ -84,7 +87,9 @@ def live_context(request, endpoint):
         "can_change": access.can(request.user, endpoint.project, access.RUN),
         "staging": endpoint.staging if endpoint.staging and not endpoint.staging.is_done else None,
         "replicas": endpoint.replicas.filter(state__in=ReplicaState.running()).select_related("version"),
-        "charts": charts(endpoint),
+        "charts": charts(endpoint, window_of(request)),
+        "window": window_of(request),
+        "windows": WINDOWS,
         "events": endpoint.events.all()[:30],
     }
 
