@@ -3,6 +3,8 @@ or critical violation of WCAG 2.1 A/AA or axe's best practices. Persona: alice, 
 READY cluster with a run, a model version and an endpoint; the pages show her data, not only their empty
 states (those are checked too: the dashboard and the lists before anything exists)."""
 
+import os
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -19,11 +21,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SERIOUS = ("serious", "critical")
 
 
-def seed(alpha):
-    """alpha/demo READY with two nodes, a scan, a run with metrics, a version and an endpoint with traffic."""
+def seed(alpha, tmp_path, in_mlflow=False):
+    """alpha/demo READY with two nodes, scans, two runs with metrics, two model versions (one from a run) and an
+    endpoint with traffic."""
+    from recipes import registry
     from recipes.models import Endpoint, EndpointSample, ModelVersion, Run, RunMetric, RunStatus
 
-    cluster = Cluster.objects.create(project=alpha, name="demo", spec=example_spec(), status=ClusterStatus.READY)
+    from .factories import a_version
+
+    cluster = Cluster.objects.create(
+        project=alpha, name="demo", spec=example_spec(), status=ClusterStatus.READY, backend="local"
+    )
     login = NodePool.objects.create(cluster=cluster, pool_id="login", role=NodeRole.LOGIN, machine_type="local",
                                     node_count=1)  # fmt: skip
     pool = NodePool.objects.create(cluster=cluster, pool_id="cpu", machine_type="local", node_count=1)
@@ -46,15 +54,29 @@ def seed(alpha):
             values = {"step": step, "loss": 9.0 / step, "lr": 1e-4, "tokens_per_s": 600.0 + step, "time": step}
             RunMetric.objects.create(run=run, line=step, step=step, values=values)
         runs.append(run)
-    version = ModelVersion.objects.create(project=alpha, name="llama", version=1, family="llama", checkpoint="x",
-                                          step=20, final_loss=0.45, run=runs[0])  # fmt: skip
-    ModelVersion.objects.create(project=alpha, name="llama", version=2, family="llama", checkpoint="y", step=20,
-                                final_loss=0.41, parent=version)  # fmt: skip
-    endpoint = Endpoint.objects.create(project=alpha, cluster=cluster, name="chat", model_name="llama", version=1)
+    model = f"llama-{uuid.uuid4().hex[:6]}"
+    if in_mlflow:
+        # Two versions in the real MLflow (a fresh model name per test: MLflow outlives the tests' database),
+        # the second continued from the first and aliased production.
+        first = a_version(alpha, model, tmp_path, losses=(3.1, 2.4, 1.9, 1.7))
+        a_version(alpha, model, tmp_path, losses=(1.7, 1.5, 1.38, 1.31), parent=first, lr="0.0005")
+        registry.set_alias(alpha, model, "production", 2)
+    else:  # the pages that do not read MLflow: the versions' rows alone
+        first = ModelVersion.objects.create(project=alpha, name=model, version=1, family="llama", checkpoint="x",
+                                            step=4, final_loss=1.7)  # fmt: skip
+        ModelVersion.objects.create(project=alpha, name=model, version=2, family="llama", checkpoint="y", step=4,
+                                    final_loss=1.31, parent=first)  # fmt: skip
+    ModelVersion.objects.filter(pk=first.pk).update(run=runs[0], recipe_id=runs[0].recipe_id, cluster_name="demo")
+    endpoint = Endpoint.objects.create(project=alpha, cluster=cluster, name="chat", model_name=model, version=2)
     for seconds_ago in range(300, 0, -10):
         EndpointSample.objects.create(endpoint=endpoint, time=timezone.now() - timedelta(seconds=seconds_ago),
                                       seconds=5, requests=20, p50_ms=40, p95_ms=95, replicas=1)  # fmt: skip
-    return {"run": runs[0].get_absolute_url(), "compare": f"?run={runs[0].uuid}&run={runs[1].uuid}", "scan": scan.uuid}
+    return {
+        "run": runs[0].get_absolute_url(),
+        "compare": f"?run={runs[0].uuid}&run={runs[1].uuid}",
+        "scan": scan.uuid,
+        "model": model,
+    }
 
 
 PAGES = {
@@ -68,9 +90,9 @@ PAGES = {
     "run": "{run}",
     "compare runs": "/clusters/alpha/demo/runs/compare/{compare}",
     "models": "/models/",
-    "model": "/models/alpha/llama/",
-    "version": "/models/alpha/llama/v2/",
-    "compare versions": "/models/alpha/llama/compare/?a=1&b=2",
+    "model": "/models/alpha/{model}/",
+    "version": "/models/alpha/{model}/v2/",
+    "compare versions": "/models/alpha/{model}/compare/?a=1&b=2",
     "endpoints": "/endpoints/",
     "new endpoint": "/endpoints/new/",
     "endpoint": "/endpoints/alpha/chat/",
@@ -89,11 +111,22 @@ def serious(tab):
     ]
 
 
+READ_MLFLOW = {"model", "version", "compare versions"}  # pages that read the registry's versions from MLflow
+# `bash scripts/screenshots.sh` sets TCC_SCREENSHOTS: these pages are then saved there as PNGs as well
+# (docs/screenshots/, what the docs show).
+SCREENSHOTS = {"dashboard", "cluster", "node", "run", "compare runs", "model", "version", "endpoint"}
+
+
 @pytest.mark.parametrize("name", PAGES)
-def test_every_page_has_no_serious_accessibility_violation(page, live_server, alpha, name):  # noqa: F811
-    urls = seed(alpha)
-    page.goto(live_server.url + PAGES[name].format(**urls))
+def test_every_page_has_no_serious_accessibility_violation(page, live_server, alpha, name, mlflow_server, tmp_path):  # noqa: F811
+    urls = seed(alpha, tmp_path, in_mlflow=name in READ_MLFLOW)
+    response = page.goto(live_server.url + PAGES[name].format(**urls))
+    assert response.status == 200, response.status
     page.wait_for_load_state("networkidle")
+    if os.environ.get("TCC_SCREENSHOTS") and name in SCREENSHOTS:
+        if page.locator("figure[data-chart]").count():
+            page.locator("figure[data-chart][data-drawn]").first.wait_for()
+        page.screenshot(path=f"{os.environ['TCC_SCREENSHOTS']}/{name.replace(' ', '-')}.png", full_page=True)
     found = serious(page)
     assert not found, "\n".join(found)
 
