@@ -14,7 +14,7 @@ bash scripts/bootstrap.sh
 if [ $# -gt 0 ]; then
   exec .venv/bin/pytest "$@"
 fi
-.venv/bin/pytest
+.venv/bin/pytest --durations=30  # the slowest, for keeping the suite under about 25 minutes
 bash scripts/postgres.sh
 export DATABASE_URL="postgres://postgres@/console?host=${PGDIR:-/tmp/tcc-postgres}&port=${PGPORT:-55432}"
 exec .venv/bin/pytest tests/test_concurrency.py tests/test_operations.py tests/test_sync.py tests/test_api.py \
