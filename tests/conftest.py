@@ -8,6 +8,7 @@ test that starts Slurm daemons without being marked fails. `pytest -m "not slurm
 is the fast loop (no daemon, no broker).
 """
 
+import json
 import os
 import shutil
 import signal
@@ -515,3 +516,63 @@ def pytest_sessionfinish(session, exitstatus):
     sys.stderr.write(f"\nThe tests left {len(left)} process(es) running (now stopped):\n{lines}\n")
     processes.stop(sorted(left))
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# -- a browser (Debian's chromium through Playwright), alice signed in ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.fail("chromium is not installed (apt-get install chromium; .ci/run does)")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, live_server, alice, alpha):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    page.goto(f"{live_server.url}/accounts/login/")
+    page.fill("input[name=username]", "alice")
+    page.fill("input[name=password]", "alice-password")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+    yield page
+    context.close()
+
+
+# -- a replica: recipes/node/serve.py on a tiny model, as a replica's job runs it ---------------------
+
+REPLICA_TOKEN = "replica-token-the-router-alone-holds"
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory):
+    """recipes/node/serve.py on a tiny model, as a replica's job runs it (with the token only the router
+    holds): its address."""
+    from .factories import tiny_model
+
+    folder = tmp_path_factory.mktemp("replica")
+    model = tiny_model(folder / "model")
+    announce = folder / "announce.json"
+    token = folder / "token"
+    token.write_text(REPLICA_TOKEN)
+    token.chmod(0o600)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "recipes.node.serve", "--model", str(model), "--served-name", "chat",
+         "--version", "tiny:v1", "--announce", str(announce), "--token-file", str(token)],
+        stdout=subprocess.DEVNULL, stderr=(folder / "serve.log").open("w"),
+    )  # fmt: skip
+    wait_until(announce.exists, timeout=60, message="the replica to announce itself")
+    yield f"http://127.0.0.1:{json.loads(announce.read_text())['port']}"
+    process.terminate()
+    process.wait(timeout=20)

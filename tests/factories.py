@@ -131,3 +131,11 @@ def call(base, path, body=None, token=None, raw=None):
             return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
+
+
+def start_step_by_step(page, live_server, cluster_id="steps"):
+    page.goto(f"{live_server.url}/clusters/wizard/")
+    form = page.locator("#scratch-form")
+    form.get_by_label("Cluster id").fill(cluster_id)
+    form.get_by_role("button", name="Start").click()
+    page.wait_for_url(f"**/clusters/alpha/{cluster_id}/wizard/basics/")

@@ -4,47 +4,19 @@ A real Celery worker provisions the cluster the reference path creates, on a rea
 """
 
 import os
-import shutil
 
 import pytest
 
 from clusters.choices import ClusterStatus
 from clusters.models import Cluster
 
+from .factories import start_step_by_step
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make are still
 # plain synchronous calls, which Django would otherwise refuse inside a running loop.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.fail("chromium is not installed (apt-get install chromium; .ci/run does)")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=executable,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
-        )
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser, live_server, alice, alpha):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(15_000)
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", "alice-password")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
-    yield page
-    context.close()
 
 
 def test_alice_reaches_a_ready_cluster_from_a_reference_architecture(page, live_server, celery_worker, slurm):
@@ -84,14 +56,6 @@ def test_alice_reaches_a_ready_cluster_from_a_reference_architecture(page, live_
     page.locator("#schedule").get_by_role("button", name="Save schedule").click()
     page.locator("#schedule", has_text="Saved.").wait_for()
     assert Cluster.objects.get(name="refcpu").health_schedule.every_minutes == 120
-
-
-def start_step_by_step(page, live_server, cluster_id="steps"):
-    page.goto(f"{live_server.url}/clusters/wizard/")
-    form = page.locator("#scratch-form")
-    form.get_by_label("Cluster id").fill(cluster_id)
-    form.get_by_role("button", name="Start").click()
-    page.wait_for_url(f"**/clusters/alpha/{cluster_id}/wizard/basics/")
 
 
 def test_a_bad_value_shows_an_inline_error_until_it_is_fixed(page, live_server):

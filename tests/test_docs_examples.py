@@ -25,8 +25,7 @@ from clusters.models import Cluster, Project
 from console.models import APIToken
 from recipes.models import Run
 
-from .conftest import stop_local_clusters
-from .test_router import REPLICA_TOKEN, replica  # noqa: F401 (fixture: recipes/node/serve.py on a tiny model)
+from .conftest import REPLICA_TOKEN, stop_local_clusters
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -149,7 +148,7 @@ def router_serving(project, replica_url):
         loop.close()
 
 
-def test_the_routers_examples_run_as_written(token, replica):  # noqa: F811
+def test_the_routers_examples_run_as_written(token, replica):
     """docs/endpoints.md: completions, chat completions, the models list and :predict with curl, and a
     streamed completion with the official openai client."""
     project = Project.objects.get(slug="default")

@@ -5,10 +5,7 @@ another; an expired token is a 401, another project's a 404 (the live endpoint w
 SDK: test_endpoints.py)."""
 
 import asyncio
-import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
@@ -20,31 +17,10 @@ from django.utils import timezone
 from console.models import APIToken
 from recipes.serving import router as routing
 
-from .conftest import wait_until
-from .factories import call, tiny_model
+from .conftest import REPLICA_TOKEN
+from .factories import call
 
 pytestmark = pytest.mark.django_db(transaction=True)
-REPLICA_TOKEN = "replica-token-the-router-alone-holds"
-
-
-@pytest.fixture(scope="module")
-def replica(tmp_path_factory):
-    """recipes/node/serve.py on a tiny model, as a replica's job runs it."""
-    folder = tmp_path_factory.mktemp("replica")
-    model = tiny_model(folder / "model")
-    announce = folder / "announce.json"
-    token = folder / "token"
-    token.write_text(REPLICA_TOKEN)
-    token.chmod(0o600)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "recipes.node.serve", "--model", str(model), "--served-name", "chat",
-         "--version", "tiny:v1", "--announce", str(announce), "--token-file", str(token)],
-        stdout=subprocess.DEVNULL, stderr=(folder / "serve.log").open("w"),
-    )  # fmt: skip
-    wait_until(announce.exists, timeout=60, message="the replica to announce itself")
-    yield f"http://127.0.0.1:{json.loads(announce.read_text())['port']}"
-    process.terminate()
-    process.wait(timeout=20)
 
 
 class Dying(threading.Thread):
