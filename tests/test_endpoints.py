@@ -321,7 +321,7 @@ def test_the_endpoint_pages_say_what_to_do_and_charlie_gets_404(alice, charlie, 
                               "model": deployable, "version": 1}, format="json")  # fmt: skip
     assert response.status_code == 201, response.content
     page = client.get("/endpoints/alpha/chat/").content.decode()
-    assert "No traffic sampled yet" in page and "/alpha/chat:predict" in page
+    assert "No traffic sampled in the last 1h" in page and "/alpha/chat:predict" in page
     refused = client.post("/endpoints/new/", {"project": "alpha", "name": "chat", "cluster": "demo",
                           "model": deployable, "version": "1", "min_replicas": "1", "max_replicas": "1"})  # fmt: skip
     assert refused.status_code == 400 and "already has an endpoint named chat" in refused.content.decode()
@@ -382,6 +382,38 @@ def test_a_gpu_replica_runs_vllms_openai_server_and_announces_it(tmp_path):
         replica.wait(timeout=30)
     # The engine stops with its replica (scancel sends the replica SIGTERM).
     wait_until(lambda: not engines_of(tmp_path), timeout=30, message="the engine to stop with its replica")
+
+
+def test_a_replica_listens_on_its_nodes_slurm_address_alone(tmp_path):
+    """The attack: a replica bound every address of its node, so anything that reached the node (on the
+    local backend, the console host's LAN; on gce, a container bridge) reached the port. With --bind node
+    (what replica jobs pass) it listens on the address Slurm has for the job's node alone (a stand-in
+    scontrol says 127.0.0.2) and announces it; the host's other addresses are refused."""
+    from .factories import tiny_model
+
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "scontrol").write_text('#!/bin/sh\necho "NodeName=$4 Arch=x86_64 CoresPerSocket=1 NodeAddr=127.0.0.2 '
+                                    'NodeHostName=$4 State=IDLE"\n')  # fmt: skip
+    (stubs / "scontrol").chmod(0o755)
+    announce = tmp_path / "announce.json"
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURMD_NODENAME": "cpu-0",
+           "PYTHONPATH": str(settings.BASE_DIR)}  # fmt: skip
+    model = tiny_model(tmp_path / "model")
+    command = [sys.executable, "-m", "recipes.node.serve", "--model", str(model), "--served-name", "chat",
+               "--version", "tiny:v1", "--announce", str(announce), "--bind", "node"]  # fmt: skip
+    replica = subprocess.Popen(command, env=env, cwd=settings.BASE_DIR)
+    try:
+        wait_until(announce.exists, timeout=60, message="the announce file")
+        found = json.loads(announce.read_text())
+        assert found["host"] == "127.0.0.2"
+        with urllib.request.urlopen(f"http://127.0.0.2:{found['port']}/health", timeout=5) as answer:
+            assert answer.status == 200
+        with pytest.raises(OSError):  # ConnectionRefusedError: nothing listens there
+            urllib.request.urlopen(f"http://127.0.0.1:{found['port']}/health", timeout=5)
+    finally:
+        replica.terminate()
+        replica.wait(timeout=30)
 
 
 def engines_of(model_folder):

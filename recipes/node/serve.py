@@ -25,14 +25,18 @@ vLLM gets it as VLLM_API_KEY. Anything else on the node that finds the port gets
 Every answer names the version that produced it (`system_fingerprint`, and `X-Model-Version`). A bad
 body or a prompt longer than the model's context is a 400 in OpenAI's error shape
 ({"error": {"message", "type": "invalid_request_error", "param", "code"}}). The replica binds an
-ephemeral port on every address and writes {"host", "port", "version"} to --announce once it is
-ready: the console reads it through the cluster agent and routes to it.
+ephemeral port and writes {"host", "port", "version"} to --announce once it is ready: the console
+reads it through the cluster agent and routes to the port on the address Slurm has for the job's node.
+With `--bind node` (what the console's replica jobs pass) it listens on that address alone, not on
+every interface of the node (a container bridge, a public address, on the local backend the console
+host's LAN address).
 """
 
 import argparse
 import hmac
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -416,19 +420,38 @@ def advertised_address():
         probe.close()
 
 
-def announce(path, port, version):
+def announce(path, port, version, bound=""):
     """Write {host, port, version} to `path` whole (beside, then renamed): the console reads it."""
     path = Path(path)
     staging = path.with_name(path.name + ".partial")
-    staging.write_text(json.dumps({"host": advertised_address(), "port": port, "version": version,
-                                   "pid": os.getpid()}))  # fmt: skip
+    host = bound if bound and bound != "0.0.0.0" else advertised_address()
+    staging.write_text(json.dumps({"host": host, "port": port, "version": version, "pid": os.getpid()}))
     staging.rename(path)
     print(f"[serve] {version} on port {port}", flush=True)
 
 
-def free_port():
+def bind_address(bind):
+    """The address to listen on: with "node", the one Slurm has for this job's node (NodeAddr: what the
+    router connects to); "" or "0.0.0.0" is every address."""
+    if bind != "node":
+        return bind or "0.0.0.0"
+    node = os.environ.get("SLURMD_NODENAME", "")
+    try:
+        shown = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True,
+                               timeout=30, check=True).stdout if node else ""  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        shown = ""
+    found = re.search(r"\bNodeAddr=(\S+)", shown)
+    if found:
+        return found.group(1)
+    # Without Slurm's answer no guess: the route's source address may not be the one the router uses.
+    print(f"[serve] Slurm named no address for node {node or '?'}: listening on every address", flush=True)
+    return "0.0.0.0"
+
+
+def free_port(host="0.0.0.0"):
     with socket.socket() as probe:
-        probe.bind(("0.0.0.0", 0))
+        probe.bind((host, 0))
         return probe.getsockname()[1]
 
 
@@ -477,9 +500,10 @@ def serve_vllm(args, timeout=1800):
     the engine as long as this process: a SIGTERM or SIGINT here (scancel, the reconcile's drain) stops
     the engine first. vLLM's answers do not name the version: the router adds X-Model-Version from its
     table."""
-    port = free_port()
+    host = bind_address(args.bind)
+    port = free_port(host)
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
-               "--served-model-name", args.served_name, "--host", "0.0.0.0", "--port", str(port),
+               "--served-model-name", args.served_name, "--host", host, "--port", str(port),
                "--tensor-parallel-size", str(args.gpus), "--dtype", "bfloat16"]  # fmt: skip
     template = chat_template_file(args.model, Path(args.announce).parent)
     if template:
@@ -499,7 +523,8 @@ def serve_vllm(args, timeout=1800):
         if server.poll() is not None:
             return server.returncode or 1
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+            probe = "127.0.0.1" if host == "0.0.0.0" else host
+            with urllib.request.urlopen(f"http://{probe}:{port}/health", timeout=2) as answer:
                 if answer.status == 200:
                     break
         except OSError:
@@ -508,7 +533,7 @@ def serve_vllm(args, timeout=1800):
         stop_engine(server)
         server.wait()
         return 1
-    announce(args.announce, port, args.version)
+    announce(args.announce, port, args.version, host)
     return server.wait()
 
 
@@ -522,14 +547,17 @@ def main(argv=None):
     parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
     parser.add_argument("--gpus", type=int, default=1, help="vLLM's tensor parallel size")
     parser.add_argument("--token-file", help="a file (0600) holding the bearer token the router sends")
+    parser.add_argument("--bind", default="", help='"node": Slurm\'s address for this node alone; an address; '
+                        'default every address')  # fmt: skip
     args = parser.parse_args(argv)
     args.token = Path(args.token_file).read_text().strip() if args.token_file else ""
     if args.engine == "vllm":
         return serve_vllm(args)
     model = Model(args.model, args.served_name, args.version, args.threads)
-    server = ThreadingHTTPServer(("0.0.0.0", 0), handler_for(model, args.token))
+    host = bind_address(args.bind)
+    server = ThreadingHTTPServer((host, 0), handler_for(model, args.token))
     server.daemon_threads = True
-    announce(args.announce, server.server_address[1], args.version)
+    announce(args.announce, server.server_address[1], args.version, host)
     server.serve_forever()
 
 

@@ -43,7 +43,7 @@ def replica_script(endpoint, replica, staged, runtime):
     command = [
         runtime.python, "-m", "recipes.node.serve", "--model", f"{home}/{staged}", "--served-name", endpoint.name,
         "--version", replica.version_ref, "--announce", f"{folder}/announce.json",
-        "--token-file", f"{folder}/token", *engine,
+        "--token-file", f"{folder}/token", "--bind", "node", *engine,
     ]  # fmt: skip
     return batch.render(
         {
