@@ -123,9 +123,9 @@ def router_serving(project, replica_url):
     app.on_startup.clear()
 
     async def startup(app):
-        router = app["router"]
+        router = app[routing.ROUTER]
         await routing.Router.start(router, app)
-        for task in app["tasks"]:
+        for task in app[routing.TASKS]:
             task.cancel()  # no table from the database, no probes: the table below
         names = ("chat", "llama-tiny:v3", "llama-tiny@production")
         replicas = [(1, replica_url, "llama-tiny:v3", REPLICA_TOKEN)]

@@ -49,7 +49,7 @@ async def start_with(router, app, alpha, replicas):
     """The router's pool as start() makes it, none of its loops (the test reads no table from the
     database and probes by hand), and a table of one endpoint "chat" of alpha with `replicas`."""
     await routing.Router.start(router, app)
-    for task in app["tasks"]:
+    for task in app[routing.TASKS]:
         task.cancel()
     router.routes = {("alpha", "chat"): routing.Route(1, alpha.pk, replicas, "tiny:v1", "chat", ("chat",))}
 
@@ -60,7 +60,7 @@ def through(alpha, replicas, requests):
     async def main():
         app = routing.application()
         app.on_startup.clear()
-        app.on_startup.append(lambda _app: start_with(_app["router"], _app, alpha, replicas))
+        app.on_startup.append(lambda _app: start_with(_app[routing.ROUTER], _app, alpha, replicas))
         async with TestClient(TestServer(app)) as client:
             return [await request(client) for request in requests]
 
@@ -153,7 +153,7 @@ def test_past_its_replicas_room_and_queue_a_request_gets_429_with_retry_after_at
             return answer.status, answer.headers.get("Retry-After"), await answer.json(), time.monotonic() - started
 
         answers = await asyncio.gather(*(one() for _ in range(7)))
-        return answers, dict(client.server.app["router"].peak)
+        return answers, dict(client.server.app[routing.ROUTER].peak)
 
     [(answers, peak)] = through(alpha, [(1, f"http://127.0.0.1:{slow.port}", "tiny:v1", "")], [burst])
     assert peak == {1: 2}  # the sample's queue depth, which the autoscaler reacts to at once
@@ -177,7 +177,7 @@ def test_a_queued_request_goes_to_a_replica_of_the_latest_table_never_one_draine
     new.start()
 
     async def roll_while_one_waits(client):
-        router = client.server.app["router"]
+        router = client.server.app[routing.ROUTER]
 
         async def send():
             started = time.monotonic()

@@ -507,14 +507,14 @@ class Router:
         timeout = ClientTimeout(total=settings.ROUTER_REQUEST_TIMEOUT, sock_connect=settings.ROUTER_CONNECT_TIMEOUT)
         self.session = ClientSession(connector=connector, timeout=timeout)
         self.routes = await asyncio.to_thread(self.load_routes)
-        app["tasks"] = [
+        app[TASKS] = [
             asyncio.create_task(self.refresh_forever()),
             asyncio.create_task(self.sample_forever()),
             asyncio.create_task(self.health_forever()),
         ]
 
     async def stop(self, app):
-        for task in app["tasks"]:
+        for task in app[TASKS]:
             task.cancel()
         await self.session.close()
 
@@ -574,6 +574,10 @@ def json_response(status, body):
     return web.json_response(body, status=status)
 
 
+ROUTER = web.AppKey("router", Router)  # the application's router (tests reach its state through it)
+TASKS = web.AppKey("tasks", list)  # its loops: table refresh, samples, health probes
+
+
 def application():
     router = Router()
     app = web.Application(client_max_size=1 << 20)
@@ -581,7 +585,7 @@ def application():
     app.router.add_route("*", r"/{project:[a-z0-9-]+}/{endpoint:[a-z0-9-]+}{rest:(:predict|/.*)}", router.handle)
     app.on_startup.append(router.start)
     app.on_cleanup.append(router.stop)
-    app["router"] = router
+    app[ROUTER] = router
     return app
 
 
