@@ -523,6 +523,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="module")
 def browser():
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make are still
+    # plain synchronous calls, which Django would otherwise refuse inside a running loop.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     sync_api = pytest.importorskip("playwright.sync_api")
     executable = shutil.which("chromium")
     if executable is None:

@@ -67,7 +67,8 @@ def seed(alpha, tmp_path, in_mlflow=False):
         ModelVersion.objects.create(project=alpha, name=model, version=2, family="llama", checkpoint="y", step=4,
                                     final_loss=1.31, parent=first)  # fmt: skip
     ModelVersion.objects.filter(pk=first.pk).update(run=runs[0], recipe_id=runs[0].recipe_id, cluster_name="demo")
-    endpoint = Endpoint.objects.create(project=alpha, cluster=cluster, name="chat", model_name=model, version=2)
+    endpoint = Endpoint.objects.create(project=alpha, cluster=cluster, name="chat", model_name=model, version=2,
+                                       created=timezone.now() - timedelta(minutes=30))  # fmt: skip
     for seconds_ago in range(300, 0, -10):
         EndpointSample.objects.create(endpoint=endpoint, time=timezone.now() - timedelta(seconds=seconds_ago),
                                       seconds=5, requests=20, p50_ms=40, p95_ms=95, replicas=1)  # fmt: skip

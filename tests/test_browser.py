@@ -3,7 +3,6 @@
 A real Celery worker provisions the cluster the reference path creates, on a real local Slurm.
 """
 
-import os
 
 import pytest
 
@@ -14,9 +13,6 @@ from .factories import start_step_by_step
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# Playwright's sync API runs an event loop in this thread; the ORM calls the tests make are still
-# plain synchronous calls, which Django would otherwise refuse inside a running loop.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
 def test_alice_reaches_a_ready_cluster_from_a_reference_architecture(page, live_server, celery_worker, slurm):
