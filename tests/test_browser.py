@@ -3,7 +3,6 @@
 A real Celery worker provisions the cluster the reference path creates, on a real local Slurm.
 """
 
-
 import pytest
 
 from clusters.choices import ClusterStatus
@@ -12,7 +11,6 @@ from clusters.models import Cluster
 from .factories import start_step_by_step
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
 
 
 def test_alice_reaches_a_ready_cluster_from_a_reference_architecture(page, live_server, celery_worker, slurm):
