@@ -44,8 +44,10 @@ META="http://${GCE_METADATA_HOST:-metadata.google.internal}/computeMetadata/v1"
 # "VM metadata server being unavailable during VM launch"; Google's clients retry its 500 and 503,
 # google-auth-library-python#984). `meta` retries what is transient (refused, timed out, 408, 429, 5xx)
 # and answers an attribute the instance lacks (404) at once; `meta_required`, for what every instance
-# has (its name, project, address, token, the agent), retries any failure. Both for about 20 s.
-METADATA_RETRY=(--retry 6 --retry-delay 2 --retry-max-time 30 --connect-timeout 5 --max-time 20)
+# has (its name, project, address, token, the agent), retries any failure, for up to 2 minutes. A slow
+# answer is waited for (no --max-time): a CI run under load failed every node of a create when each
+# request had 20 s (curl exit 28), though the server answered.
+METADATA_RETRY=(--retry 8 --retry-delay 2 --retry-max-time 120 --connect-timeout 10)
 meta() { curl -sf "${METADATA_RETRY[@]}" --retry-connrefused -H Metadata-Flavor:Google "$META/$1"; }
 meta_required() { curl -sf "${METADATA_RETRY[@]}" --retry-all-errors -H Metadata-Flavor:Google "$META/$1"; }
 mkdir -p /run/tcc && chmod 0700 /run/tcc
