@@ -110,3 +110,14 @@ def thin(xs, series):
             values.append(sum(known) / len(known) if known else None)
         thinned.append({**s, "values": values})
     return [xs[min(start + size, len(xs)) - 1] for start in buckets], thinned
+
+
+def training_charts(rows):
+    """A training run's loss (with a log scale to offer), learning rate and tokens/s by step, those it
+    logged: the run's page and its registered version's."""
+    found = [
+        chart("loss-chart", "Training loss", rows, {"loss": "loss"}, log=True),
+        chart("lr-chart", "Learning rate", rows, {"lr": "learning rate"}),
+        chart("throughput-chart", "Throughput", rows, {"tokens_per_s": "tokens/s"}, unit="tokens/s"),
+    ]
+    return [c for c in found if c]

@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 
 from clusters import access
 from console.actions import act
-from console.charts import chart, overlay
+from console.charts import overlay, training_charts
 from console.errors import ConsoleError
 from console.fields import whole_number
 
@@ -76,18 +76,12 @@ def version_detail(request, project, name, version):
     for key, points in history.items():
         for step, value in points:
             rows.setdefault(step, {"step": step})[key] = value
-    rows = list(rows.values())
-    charts = [
-        chart("loss-chart", "Training loss", rows, {"loss": "loss"}, log=True),
-        chart("lr-chart", "Learning rate", rows, {"lr": "learning rate"}),
-        chart("throughput-chart", "Throughput", rows, {"tokens_per_s": "tokens/s"}, unit="tokens/s"),
-    ]
     context = {
         "project": project,
         "version": found,
         "aliases": aliases,
         "params": params,
-        "charts": [c for c in charts if c],
+        "charts": training_charts(list(rows.values())),
         "registry_problem": problem,
         "children": found.children.all(),
         "can_change": access.can(request.user, project, access.RUN),

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 
 from clusters import access
 from console.actions import act
-from console.charts import chart, overlay
+from console.charts import overlay, training_charts
 from console.errors import ConsoleError, FieldErrors
 from console.htmx import render_fragment
 
@@ -103,7 +103,7 @@ def run_context(run, full_log=False):
     rows = runs.metrics(run)
     return {
         "summary": runs.summary(run),
-        "charts": run_charts(rows),
+        "charts": training_charts(rows),
         "log": runs.log_view(run.log_tail, full=full_log),
         "full_log": full_log,
         "log_hidden": bool(run.log_tail) and not full_log,
@@ -111,18 +111,8 @@ def run_context(run, full_log=False):
     }
 
 
-def run_charts(rows):
-    """Loss (with a log scale to offer), learning rate and tokens/s by step: those the run has logged."""
-    found = [
-        chart("loss-chart", "Training loss", rows, {"loss": "loss"}, log=True),
-        chart("lr-chart", "Learning rate", rows, {"lr": "learning rate"}),
-        chart("throughput-chart", "Throughput", rows, {"tokens_per_s": "tokens/s"}, unit="tokens/s"),
-    ]
-    return [c for c in found if c]
-
-
 COMPARED = {"loss": ("Training loss", ""), "lr": ("Learning rate", ""), "tokens_per_s": ("Throughput", "tokens/s")}
-MOST_COMPARED = len(("blue", "red", "green", "amber", "purple", "grey"))  # the colours static/console/charts.js has
+MOST_COMPARED = 6  # the colours static/console/charts.js has (COLOURS)
 
 
 def run_compare(request, project, name):
