@@ -242,6 +242,11 @@ def test_it_trains_tiny_llama_on_two_nodes_continues_it_and_fine_tunes(rita_api,
     assert sft_rows[0]["step"] == 1 and sft_rows[-1]["step"] == 15
     assert sft_rows[0]["loss"] < rows[0]["loss"] * 0.7
 
+    # RL launches, stages its model and reads its files as SFT does just above, so on gce the test ends
+    # here (about 30 s saved); the recipes' learning is the same on both backends.
+    if train_cluster.backend != "local":
+        return
+
     # RL: DPO with TRL on the shipped preference set; the policy learns to prefer the chosen answers.
     response = launch(rita_api, recipe="llama3.1-8b-dpo", nodes=1, steps=12, init_from=f"{name}:v1")
     assert response.status_code == 202, response.content
