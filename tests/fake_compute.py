@@ -90,6 +90,9 @@ class FakeGoogleCloud:
         self.operation_steps = 2
         self.changed = threading.Condition(self.lock)  # metadata waits (wait_for_change)
         self.vpc = VPC(root) if boot else None
+        # VM changes a request makes (boot, halt, destroy), run in order once the lock is released: a boot
+        # copies /etc (seconds under load), and every VM's metadata read waited on the lock meanwhile.
+        self.vm_changes = []
         self.addresses = {}  # instance internal address -> resource key
         # {instance name: n}: its metadata server answers 503 to the next n requests after the startup script's
         # own fetch (the guest agent's), as the real one can while a VM starts.
@@ -123,11 +126,39 @@ class FakeGoogleCloud:
 
     def take_back(self, name):
         """What Compute does to a Spot or Flex-start VM it takes back (termination action DELETE)."""
-        with self.lock:
+
+        def delete():
             key = next(k for k in self.instances() if k.endswith(f"/instances/{name}"))
             del self.resources[key]
-            if self.vpc is not None:
-                self.vpc.destroy(name)
+            self._vm_change("destroy", name)
+
+        self.locked(delete)
+
+    def locked(self, work, *args):
+        """work(*args) under the lock, then the VM changes it asked for, in order, without the lock (metadata
+        reads go on meanwhile) but under the VPC's lock, taken before this lock is let go: a later request's
+        changes (a delete after a create) wait for these."""
+        with self.lock:
+            try:
+                result = work(*args)
+            except BaseException:
+                self.vm_changes = []
+                raise
+            changes, self.vm_changes = self.vm_changes, []
+            if changes:
+                self.vpc.lock.acquire()
+        if changes:
+            try:
+                for change, change_args in changes:
+                    getattr(self.vpc, change)(*change_args)
+            finally:
+                self.vpc.lock.release()
+        return result
+
+    def _vm_change(self, change, *args):
+        """Ask for the VPC's `change` (boot, halt or destroy) of a VM once the lock is released."""
+        if self.vpc is not None:
+            self.vm_changes.append((change, args))
 
     def reset_calls(self):
         self.calls.clear()
@@ -195,9 +226,8 @@ class FakeGoogleCloud:
                     self.wfile.write(data)
                     return
                 body = self._body() if method in ("POST", "PATCH", "PUT") else {}
-                with fake.lock:
-                    status, payload = fake.handle(method, url.path, parse_qs(url.query), body,
-                                                  self.headers.get("Authorization", ""))  # fmt: skip
+                status, payload = fake.locked(fake.handle, method, url.path, parse_qs(url.query), body,
+                                              self.headers.get("Authorization", ""))  # fmt: skip
                 self._answer(status, payload)
 
             def do_GET(self):
@@ -354,10 +384,9 @@ class FakeGoogleCloud:
                 return 400, http_error(400, f"Instance '{rest[1]}' is not running", "resourceNotReady")
             self.resources[key][f"{rest[2]}s"] = self.resources[key].get(f"{rest[2]}s", 0) + 1
             self.resources[key]["status"] = "TERMINATED" if rest[2] == "stop" else "RUNNING"
-            if self.vpc is not None:
-                self.vpc.halt(rest[1])
-                if rest[2] != "stop":
-                    self._boot(key)
+            self._vm_change("halt", rest[1])
+            if rest[2] != "stop":
+                self._boot(key)
             return 200, self._operation(scope_url, self.endpoint + key, rest[2], error)
         if collection == "instances" and len(rest) == 3 and rest[2] == "serialPort" and method == "GET":
             key = f"{collection_path}/{rest[1]}"
@@ -414,8 +443,8 @@ class FakeGoogleCloud:
             if key not in self.resources:
                 return 404, http_error(404, f"The resource '{key}' was not found", "notFound")
             del self.resources[key]
-            if collection == "instances" and self.vpc is not None:
-                self.vpc.destroy(rest[1])
+            if collection == "instances":
+                self._vm_change("destroy", rest[1])
             return 200, self._operation(scope_url, self.endpoint + key, "delete")
         return 405, http_error(405, "method not allowed")
 
@@ -530,7 +559,8 @@ class FakeGoogleCloud:
             return
         instance = self.resources[key]
         script = metadata_items(instance).get("startup-script", "")
-        self.vpc.boot(instance["name"], instance["networkInterfaces"][0]["networkIP"], self.metadata_host, script)
+        address = instance["networkInterfaces"][0]["networkIP"]
+        self._vm_change("boot", instance["name"], address, self.metadata_host, script)
 
     def metadata(self, path, query, client, flavor):
         """The metadata server, as the VM at address `client` sees it: (status, text, etag)."""
