@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from clusters import tls
 from clusters.agent import server
 from clusters.agent.client import AgentClient, AgentEndpoint, AgentRefused
 from clusters.work import TransientBackendError
@@ -21,18 +22,21 @@ from .conftest import wait_until
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
+    """The agent as the backends start it: TLS with the cluster's own CA, and the console's client pinned to it."""
     root = tmp_path_factory.mktemp("agent")
-    home, secret = root / "home", root / "agent.key"
+    home, secret, bundle = root / "home", root / "agent.key", root / "tls.pem"
     home.mkdir()
     key = secrets.token_bytes(32)
     secret.write_bytes(key)
+    bundle.write_bytes(tls.controller_bundle("agent-test"))
     port_file = root / "port"
     command = [sys.executable, server.__file__, "--home", str(home), "--key-file", str(secret),
-               "--listen", "127.0.0.1:0", "--port-file", str(port_file)]  # fmt: skip
+               "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--tls-bundle", str(bundle)]  # fmt: skip
     process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
     wait_until(port_file.exists, timeout=20, message="the agent to listen")
     port = int(port_file.read_text())
-    yield AgentClient(AgentEndpoint(f"http://127.0.0.1:{port}", key.hex())), home, root
+    ca = tls.ca_of(bundle.read_bytes())
+    yield AgentClient(AgentEndpoint(f"https://127.0.0.1:{port}", key.hex(), ca)), home, root
     process.kill()
     process.wait()
 
@@ -155,7 +159,7 @@ def test_it_refuses_unknown_operations_a_wrong_key_and_oversized_writes(agent):
         with pytest.raises(AgentRefused) as refused:
             client.call(operation, path="x")
         assert refused.value.status == 404
-    stranger = AgentClient(AgentEndpoint(client.endpoint.url, secrets.token_hex(32)))
+    stranger = AgentClient(AgentEndpoint(client.endpoint.url, secrets.token_hex(32), client.endpoint.ca))
     with pytest.raises(AgentRefused) as refused:
         stranger.stat("runs")
     assert refused.value.status == 401
@@ -167,6 +171,19 @@ def test_it_refuses_unknown_operations_a_wrong_key_and_oversized_writes(agent):
             client.call("read" if "lines" not in bad else "tail", **bad)
         assert refused.value.status in (400, 404)
     assert "key" not in repr(client.endpoint)
+
+
+def test_the_console_talks_to_its_agent_only_over_tls_pinned_to_the_clusters_own_ca(agent):
+    client, _home, _root = agent
+    other_cluster = tls.ca_of(tls.controller_bundle("other"))
+    for ca in (other_cluster, ""):  # another cluster's CA; none (the machine's public CAs are never asked)
+        misled = AgentClient(AgentEndpoint(client.endpoint.url, client.endpoint.key, ca), timeout=5)
+        with pytest.raises(TransientBackendError, match=r"did not sign|no CA to check"):
+            misled.stat("runs")
+    plain = AgentClient(AgentEndpoint(client.endpoint.url.replace("https:", "http:"), client.endpoint.key), timeout=5)
+    with pytest.raises(TransientBackendError):
+        plain.stat("runs")  # the agent speaks TLS only: a plain request gets no answer
+    assert client.stat("runs")["exists"] in (True, False)  # and the agent is still serving
 
 
 def test_an_agent_that_does_not_answer_is_a_transient_error():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clusters import services
+from clusters import services, tls
 from clusters.agent.client import AgentClient, AgentEndpoint, AgentRefused
 from clusters.backends import get_backend
 from clusters.backends.gce.names import names
@@ -51,7 +51,7 @@ def keys_of(fake, cluster):
     prefix = names(cluster.project.slug, cluster.name).prefix
     return {
         kind: base64.b64decode(fake.secret_versions[f"projects/tcc-test/secrets/{prefix}-{kind}-key"][0]["data"])
-        for kind in ("munge", "jwt", "agent")
+        for kind in ("munge", "jwt", "agent", "tls")
     }
 
 
@@ -61,16 +61,17 @@ def test_the_console_reaches_the_controller_only_with_the_keys_in_secret_manager
     keys = keys_of(fake, cluster)
     endpoint = backend().slurm_endpoint(cluster)
     address = cluster.backend_state["controller_ip"]
-    assert endpoint.url == f"http://{address}:6820" and endpoint.jwt_key == keys["jwt"]
+    assert endpoint.url == f"https://{address}:6820" and endpoint.jwt_key == keys["jwt"]
+    assert endpoint.ca == tls.ca_of(keys["tls"])  # the cluster's own CA, from its bundle in Secret Manager
     assert {n.name: (n.state, n.cpus) for n in SlurmRest(endpoint).nodes()} == {
         "cpu-0": ("idle", 2),
         "cpu-1": ("idle", 2),
     }
-    stranger = SlurmRest(SlurmEndpoint(endpoint.url, b"not-the-cluster-key-0123456789ab"))
+    stranger = SlurmRest(SlurmEndpoint(endpoint.url, b"not-the-cluster-key-0123456789ab", endpoint.ca))
     status, body = stranger.request("GET", "/slurm/v0.0.38/nodes")
     assert status >= 400 and json.loads(body)["nodes"] == []
     with pytest.raises(AgentRefused) as refused:
-        AgentClient(AgentEndpoint(f"http://{address}:6821", "00" * 32)).stat(".")
+        AgentClient(AgentEndpoint(f"https://{address}:6821", "00" * 32, endpoint.ca)).stat(".")
     assert refused.value.status == 401
     assert backend().agent(cluster).stat(".")["exists"]
     # slurm.conf names nodes in hostlists (cpu-[0-1]): the controller expanded them to wait until each
@@ -114,14 +115,17 @@ def test_a_job_gets_no_token_from_its_nodes_metadata_server(cluster, fake, tmp_p
               f"echo \"$code $(id -un)\" > {out}.new && mv {out}.new {out}\n")  # fmt: skip
     owner = cluster.project.members.get()
     url = "/v1beta1/projects/glab/locations/us-central1/modelDevelopmentClusters/train:callSlurmRestApi"
+    # Its own output file: /tmp is this machine's, and an older run's slurm-<id>.out, another uid's, made the
+    # job fail to open its output.
     submit_through_slurmrestd(api_client_for(owner), url, script, name="steal-token", nodes=1, tasks=1,
-                              current_working_directory="/tmp")  # fmt: skip
+                              current_working_directory="/tmp", standard_output=f"{out}.log")  # fmt: skip
     try:
         wait_until(lambda: os.path.exists(out), timeout=60, message="the job's answer")
         code, user = Path(out).read_text().split()
     finally:
-        if os.path.exists(out):
-            os.unlink(out)
+        for path in (out, f"{out}.log"):
+            if os.path.exists(path):
+                os.unlink(path)
     assert user != "root" and code == "000"  # refused before any HTTP answer
     worker = fake.vpc.vms[names("glab", "train").instance("cpu-0")]
     as_root = subprocess.run(["ip", "netns", "exec", worker.netns, "curl", "-sf", "-m", "5", "-H",
@@ -138,13 +142,15 @@ def test_a_members_account_is_the_same_on_every_node(cluster, fake):
     url = "/v1beta1/projects/glab/locations/us-central1/modelDevelopmentClusters/train:callSlurmRestApi"
     out = f"/tmp/tcc-whoami-{owner.pk}-{cluster.pk}"
     submit_through_slurmrestd(api_client_for(owner), url, f"#!/bin/bash\nid -un > {out}.new && mv {out}.new {out}\n",
-                              name="whoami", nodes=1, tasks=1, current_working_directory="/tmp")  # fmt: skip
+                              name="whoami", nodes=1, tasks=1, current_working_directory="/tmp",
+                              standard_output=f"{out}.log")  # fmt: skip
     try:
         wait_until(lambda: os.path.exists(out), timeout=60, message="the job's answer")
         account = Path(out).read_text().strip()
     finally:
-        if os.path.exists(out):
-            os.unlink(out)
+        for path in (out, f"{out}.log"):
+            if os.path.exists(path):
+                os.unlink(path)
     assert account.startswith("tcct-gail")
 
     def entries(vm, table):
@@ -196,8 +202,8 @@ def test_the_controllers_doors_listen_on_its_internal_address_only(cluster, fake
     controller = fake.vpc.vms[names("glab", "train").controller]
     address = cluster.backend_state["controller_ip"]
 
-    def answers(host, port):
-        curl = ["curl", "-s", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", f"http://{host}:{port}/"]
+    def answers(host, port):  # over TLS (-k: this checks where it listens; the console pins the CA)
+        curl = ["curl", "-sk", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", f"https://{host}:{port}/"]
         found = subprocess.run(["ip", "netns", "exec", controller.netns, *curl], capture_output=True, text=True)
         return found.stdout != "000"
 
@@ -298,4 +304,4 @@ def test_deleting_the_cluster_leaves_no_vm_resource_or_key(cluster, fake):
     assert not [key for key, value in fake.resources.items() if prefix in json.dumps(value)]
     assert not [name for name in fake.secret_versions if prefix in name]
     with pytest.raises(urllib.error.URLError):
-        urllib.request.urlopen(client.endpoint.url, timeout=2)
+        urllib.request.urlopen(client.endpoint.url, timeout=2, context=tls.client_context(client.endpoint.ca))

@@ -632,11 +632,11 @@ def test_one_clusters_nodes_cannot_read_another_clusters_keys(fake, alpha, alice
     """The attack: a job on cluster B takes its VM's token and reads cluster A's munge key (then mints
     tokens, joins A's Slurm as root). With every VM on the project's default account both clusters' secrets
     granted that one account, and B's VM read A's key (200 before). Each cluster now runs as its own
-    account, granted on its own three secrets only: 403, Secret Manager's PERMISSION_DENIED."""
+    account, granted on its own four secrets only: 403, Secret Manager's PERMISSION_DENIED."""
     first = built(alpha, alice, gce_spec(nodes=2))
     second = built(alpha, alice, gce_spec(nodes=1), name="other")
     for prefix, name in ((first, "ultra"), (second, "other")):
-        for kind in ("munge", "jwt", "agent"):
+        for kind in ("munge", "jwt", "agent", "tls"):
             bindings = fake.iam[f"projects/{PROJECT}/secrets/{prefix}-{kind}-key"]["bindings"]
             assert bindings == [{"role": "roles/secretmanager.secretAccessor",
                                  "members": [f"serviceAccount:{account_of(name)}"]}]  # fmt: skip

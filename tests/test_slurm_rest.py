@@ -5,18 +5,22 @@ reach Slurm, and cancels, drains and holds go through slurmrestd and the cluster
 who runs the cluster "rest"."""
 
 import json
+import socket
+import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from clusters import services
+from clusters import processes, services, tls
 from clusters.backends import get_backend
 from clusters.models import SlurmSync
 from clusters.slurm.rest import SlurmEndpoint, SlurmRest, mint_token
 from clusters.work import BackendError
+from console.errors import Unavailable
 
 from .conftest import BACKENDS, module_cluster, wait_until
 
@@ -69,7 +73,7 @@ def test_a_token_signed_with_another_key_or_past_its_expiry_is_refused(cluster):
     endpoint = backend_of(cluster).slurm_endpoint(cluster)
     assert str(endpoint.jwt_key) not in repr(endpoint)  # the key never reaches a log line
     assert {n.name for n in SlurmRest(endpoint).nodes()} == {"cpu-0", "cpu-1"}
-    stranger = SlurmRest(SlurmEndpoint(endpoint.url, b"not-the-cluster-key-0123456789ab"))
+    stranger = SlurmRest(SlurmEndpoint(endpoint.url, b"not-the-cluster-key-0123456789ab", endpoint.ca))
     # slurmrestd 22.05 passes the token on and slurmctld refuses it: "Unspecified error", no nodes.
     status, body = stranger.request("GET", "/slurm/v0.0.38/nodes")
     assert status >= 400 and json.loads(body)["nodes"] == []
@@ -81,7 +85,7 @@ def test_a_token_signed_with_another_key_or_past_its_expiry_is_refused(cluster):
         endpoint.url + "/slurm/v0.0.38/nodes", headers={"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": expired}
     )
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=10)
+        urllib.request.urlopen(request, timeout=10, context=tls.client_context(endpoint.ca))
     assert refused.value.code >= 400 and json.loads(refused.value.read())["nodes"] == []
 
 
@@ -152,3 +156,69 @@ def test_drain_resume_holds_submits_and_cancels_start_no_program_in_the_console(
     job_id = backend.submit_batch(cluster, "nap.sbatch")
     backend.cancel_job(cluster, job_id)
     assert started == []
+
+
+class Squatter:
+    """mallory's listener on a port the console uses: TLS with a certificate of her own making when the
+    client starts a handshake, plain HTTP otherwise; it keeps every byte it is sent, then answers 200."""
+
+    def __init__(self, port, folder):
+        bundle = folder / "mallory.pem"
+        bundle.write_bytes(tls.controller_bundle("mallory"))
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(bundle)
+        self.listener = socket.create_server(("127.0.0.1", port))
+        self.received = b""
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                connection.settimeout(5)
+                if connection.recv(1, socket.MSG_PEEK) == b"\x16":  # a TLS ClientHello
+                    connection = self.context.wrap_socket(connection, server_side=True)
+                while b"\r\n\r\n" not in self.received and (chunk := connection.recv(65536)):
+                    self.received += chunk
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+            except (OSError, ssl.SSLError):
+                pass
+            finally:
+                connection.close()
+
+    def close(self):
+        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (a close alone leaves the port bound)
+        self.listener.close()
+
+
+def test_a_process_that_takes_the_agents_ports_while_it_is_down_is_sent_no_key(cluster, tmp_path):
+    # The attack (local backend: members' jobs run on the console's host): mallory binds the agent's port
+    # and the slurmrestd port while the agent restarts, and waits for the console's next call. In plain
+    # HTTP she got the agent key (root on every node) and a JWT for root; now the console's handshake
+    # finds a certificate its cluster's CA did not sign and sends nothing.
+    if cluster.backend != "local":
+        pytest.skip("local only: on gce the ports are on the controller VM (tests/test_gce_boot.py pins the CA)")
+    from clusters.backends.local import daemons
+    from clusters.backends.local.paths import paths_for
+    from clusters.backends.local.ports import port_answers
+
+    backend, paths, ports = backend_of(cluster), paths_for(cluster), cluster.backend_state["ports"]
+    processes.stop(sorted(daemons.agent_processes(paths)))
+    wait_until(lambda: not port_answers(ports["agent"]), timeout=15, message="the agent to let its port go")
+    squatters = [Squatter(ports["agent"], tmp_path), Squatter(ports["slurmrestd"], tmp_path)]
+    try:
+        with pytest.raises(Unavailable, match="certificate the cluster's CA did not sign"):
+            services.file_exists(cluster, "runs")
+        with pytest.raises(BackendError, match="certificate the cluster's CA did not sign"):
+            SlurmRest(backend.slurm_endpoint(cluster)).nodes()
+        for squatter in squatters:
+            assert squatter.received == b""  # not a header, not a byte of a request
+    finally:
+        for squatter in squatters:
+            squatter.close()
+        daemons.start_agent(cluster, paths)
+    assert services.file_exists(cluster, "runs") in (True, False)
+    assert {n.name for n in SlurmRest(backend.slurm_endpoint(cluster)).nodes()} == {"cpu-0", "cpu-1"}

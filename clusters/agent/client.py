@@ -20,13 +20,15 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from ..tls import context_for, unreachable
 from ..work import PermanentBackendError, TransientBackendError
 
 
 @dataclass(frozen=True)
 class AgentEndpoint:
-    url: str
+    url: str  # https://HOST:PORT
     key: str = field(repr=False)  # hex; never logged or shown
+    ca: str = ""  # the cluster's CA certificate (PEM), the only one its agent's certificate may chain to
 
 
 class AgentRefused(PermanentBackendError):
@@ -49,7 +51,7 @@ class AgentClient:
             headers={"Authorization": f"Bearer {self.endpoint.key}", "Content-Type": "application/json"},
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=context_for(self.endpoint)) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             try:
@@ -58,7 +60,7 @@ class AgentClient:
                 message = ""
             raise AgentRefused(exc.code, f"the cluster agent refused {operation}: {message or exc.code}") from None
         except (OSError, ValueError) as exc:
-            raise TransientBackendError(f"the cluster agent is not answering: {exc}") from None
+            raise TransientBackendError(unreachable("the cluster agent", exc)) from None
 
     def stat(self, path):
         return self.call("stat", path=path)

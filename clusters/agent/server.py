@@ -1,6 +1,10 @@
 """The cluster agent (runs on the cluster's controller; standard library only).
 
     python3 server.py --home /home --key-file /etc/tcc/agent.key --listen 127.0.0.1:6821
+        --tls-bundle /etc/tcc/tls.pem --slurmrestd-relay 127.0.0.1:6820=/run/tcc/slurmrestd.sock
+
+With --tls-bundle it serves TLS only (the console pins the cluster's CA: clusters/tls.py), and with
+--slurmrestd-relay it also serves TLS on slurmrestd's port, relayed to slurmrestd's Unix socket.
 
 Every request is `POST /v1/<operation>` with a JSON object and `Authorization: Bearer <key>` (the hex
 of the cluster's agent key file, compared in constant time). Operations, all on paths RELATIVE to the cluster's
@@ -47,8 +51,10 @@ import os
 import pwd
 import re
 import secrets
+import selectors
 import shutil
 import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -678,6 +684,100 @@ def handler_for(home, key, tensorboard=None):
     return Handler
 
 
+HANDSHAKE_SECONDS = 10  # a client that has not finished its TLS handshake by then is dropped
+IDLE_SECONDS = 300  # a connection with nothing to say for this long is closed
+
+
+def server_context(bundle):
+    """TLS 1.2+ with the controller's key and certificate (the cluster's CA after it, in one PEM file)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(bundle)
+    return context
+
+
+class AgentServer(ThreadingHTTPServer):
+    """The agent's HTTP server, over TLS when given a context: each connection's handshake runs in its own
+    thread, with a time limit, so a client that stalls holds up no other."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, context=None):
+        self.context = context
+        super().__init__(address, handler)
+
+    def get_request(self):
+        connection, address = self.socket.accept()
+        if self.context is None:
+            return connection, address
+        connection.settimeout(HANDSHAKE_SECONDS)
+        return self.context.wrap_socket(connection, server_side=True, do_handshake_on_connect=False), address
+
+    def finish_request(self, request, client_address):
+        if isinstance(request, ssl.SSLSocket):
+            try:
+                request.do_handshake()
+            except (OSError, ssl.SSLError) as exc:  # not our client (no trust in our CA), or a port scan
+                sys.stderr.write(f"{client_address[0]} TLS handshake failed: {exc}\n")
+                return
+            request.settimeout(IDLE_SECONDS)
+        super().finish_request(request, client_address)
+
+
+class SlurmrestdRelay:
+    """TLS on `listen` (HOST:PORT), each connection relayed byte for byte to slurmrestd's Unix socket: slurmrestd
+    22.05 has no TLS, and on its socket (in a root-only folder) only the relay reaches it. One thread per
+    connection reads and writes both sides (an SSL socket is never used by two threads at once)."""
+
+    def __init__(self, listen, target, context):
+        host, _, port = listen.rpartition(":")
+        self.target, self.context = target, context
+        self.socket = socket.create_server((host, int(port)), reuse_port=False)
+
+    def serve_forever(self):
+        while True:
+            connection, address = self.socket.accept()
+            threading.Thread(target=self.relay, args=(connection, address), daemon=True).start()
+
+    def relay(self, connection, address):
+        connection.settimeout(HANDSHAKE_SECONDS)
+        try:
+            client = self.context.wrap_socket(connection, server_side=True)
+        except (OSError, ssl.SSLError) as exc:
+            sys.stderr.write(f"{address[0]} TLS handshake failed (slurmrestd relay): {exc}\n")
+            connection.close()
+            return
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            client.settimeout(IDLE_SECONDS)
+            upstream.settimeout(IDLE_SECONDS)
+            upstream.connect(self.target)
+            pump(client, upstream)
+        except OSError as exc:
+            sys.stderr.write(f"{address[0]} slurmrestd relay: {exc}\n")
+        finally:
+            upstream.close()
+            client.close()
+
+
+def pump(client, upstream):
+    """Copy bytes both ways until either side closes or stays silent for IDLE_SECONDS."""
+    peers = {client: upstream, upstream: client}
+    with selectors.DefaultSelector() as selector:
+        for sock in peers:
+            selector.register(sock, selectors.EVENT_READ)
+        while True:
+            # Bytes TLS has already decrypted wait in the SSL object, not in the socket: no select for those.
+            ready = [client] if client.pending() else [key.fileobj for key, _ in selector.select(IDLE_SECONDS)]
+            if not ready:
+                return
+            for sock in ready:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                peers[sock].sendall(data)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", required=True)
@@ -696,6 +796,15 @@ def main(argv=None):
     parser.add_argument(
         "--port-file", help="write the port it listens on here once it does (with --listen HOST:0, a free one)"
     )
+    parser.add_argument(
+        "--tls-bundle",
+        help="serve TLS with this PEM file (the controller's key, its certificate, the cluster's CA; clusters/tls.py)",
+    )
+    parser.add_argument(
+        "--slurmrestd-relay",
+        metavar="HOST:PORT=SOCKET",
+        help="also serve TLS on HOST:PORT, relayed to slurmrestd's Unix socket SOCKET (needs --tls-bundle)",
+    )
     args = parser.parse_args(argv)
     if args.slurm_conf:
         os.environ["SLURM_CONF"] = args.slurm_conf
@@ -704,7 +813,14 @@ def main(argv=None):
     host, _, port = args.listen.rpartition(":")
     ACCOUNTS["prefix"] = args.account_prefix
     tensorboard = TensorBoard(args.tensorboard_python, args.tensorboard_host) if args.tensorboard_python else None
-    server = ThreadingHTTPServer((host, int(port)), handler_for(Home(args.home), key, tensorboard))
+    context = server_context(args.tls_bundle) if args.tls_bundle else None
+    if args.slurmrestd_relay:
+        if context is None:
+            parser.error("--slurmrestd-relay needs --tls-bundle")
+        listen, _, target = args.slurmrestd_relay.partition("=")
+        relay = SlurmrestdRelay(listen, target, context)
+        threading.Thread(target=relay.serve_forever, daemon=True).start()
+    server = AgentServer((host, int(port)), handler_for(Home(args.home), key, tensorboard), context)
     if args.port_file:
         partial = f"{args.port_file}.partial"
         with open(partial, "w") as handle:

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from ..tls import context_for, unreachable
 from ..work import PermanentBackendError, TransientBackendError
 from .parse import jobs_from, nodes_from
 
@@ -31,8 +32,9 @@ SERVICE_USER = "root"  # what the console's own calls run as in Slurm
 class SlurmEndpoint:
     """Where a cluster's slurmrestd answers and the key its JWTs are signed with (never shown)."""
 
-    url: str  # e.g. http://127.0.0.1:6820
+    url: str  # e.g. https://127.0.0.1:6820 (the cluster agent's TLS relay to slurmrestd)
     jwt_key: bytes = field(repr=False)
+    ca: str = ""  # the cluster's CA certificate (PEM), the only one the relay's certificate may chain to
 
 
 def b64url(raw):
@@ -67,12 +69,12 @@ class SlurmRest:
             },
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=context_for(self.endpoint)) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
         except (OSError, ValueError) as exc:
-            raise TransientBackendError(f"slurmrestd is not answering: {exc}") from None
+            raise TransientBackendError(unreachable("slurmrestd", exc)) from None
 
     def call(self, method, path, body=None, user=SERVICE_USER, what=None, queued_ok=False):
         """The JSON answer of a request that must succeed; Slurm's "errors" become an exception. With

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from ... import tls
 from ...choices import NodeState
 from ...slurm.states import NodeStatus
 from ...spec import pool_node_count
@@ -315,15 +316,18 @@ class GceBackend(Backend):
         address = (cluster.backend_state or {}).get("controller_ip")
         if not settings.GCE_REACH_CLUSTERS or not address:
             return None
-        return f"http://{address}:{port}"
+        return f"https://{address}:{port}"
 
     def slurm_endpoint(self, cluster):
+        """slurmrestd through the agent's TLS relay (slurmrestd itself listens on a root-only Unix socket)."""
         url = self.controller_url(cluster, settings.GCE_SLURMRESTD_PORT)
-        return url and SlurmEndpoint(url, keys.read_key(Cloud(self, cluster), "jwt"))
+        cloud = Cloud(self, cluster)
+        return url and SlurmEndpoint(url, keys.read_key(cloud, "jwt"), tls.ca_of(keys.read_key(cloud, "tls")))
 
     def agent_endpoint(self, cluster):
         url = self.controller_url(cluster, settings.GCE_AGENT_PORT)
-        return url and AgentEndpoint(url, keys.read_key(Cloud(self, cluster), "agent").hex())
+        cloud = Cloud(self, cluster)
+        return url and AgentEndpoint(url, keys.read_key(cloud, "agent").hex(), tls.ca_of(keys.read_key(cloud, "tls")))
 
     def shared_dir(self, cluster):
         return slurm_conf.SHARED

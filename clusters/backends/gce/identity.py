@@ -2,7 +2,7 @@
 
 Every VM of a cluster runs as that cluster's service account (`<name>-<digest>@PROJECT.iam.gserviceaccount.com`,
 made by the console, deleted with the cluster), granted only what its nodes need, on those resources
-and never project-wide: secretAccessor on the cluster's own three secrets (keys.py), objectUser on the
+and never project-wide: secretAccessor on the cluster's own four secrets (keys.py), objectUser on the
 buckets its spec mounts (storage.py), and the project roles named in GCE_NODE_PROJECT_ROLES (log and
 metric writers, which exist only at the project level). A job that gets a node's token therefore
 reads that cluster's keys and buckets, not another cluster's; and the nodes refuse the metadata

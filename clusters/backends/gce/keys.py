@@ -1,13 +1,15 @@
 """A gce cluster's keys, in Secret Manager: the munge key (every node reads it at boot), the JWT key
-(slurmctld checks the tokens the console signs with it) and the agent key (the cluster agent checks
-the bearer the console sends). Each is random, made once, labelled as the cluster's, and never in
-instance metadata, the console's database, a page or a log; the console reads the two it needs from
-Secret Manager with its own credentials and keeps them in memory only."""
+(slurmctld checks the tokens the console signs with it), the agent key (the cluster agent checks
+the bearer the console sends) and the controller's TLS bundle (its key and certificate, signed by a CA
+made for this cluster alone, whose certificate the console pins: clusters/tls.py). Each is made once,
+labelled as the cluster's, and never in instance metadata, the console's database, a page or a log; the
+console reads the ones it needs from Secret Manager with its own credentials and keeps them in memory only."""
 
 import contextlib
 import secrets as random_source
 import threading
 
+from ... import tls
 from ...work import PermanentBackendError
 from . import identity
 from .errors import map_api_error
@@ -15,7 +17,12 @@ from .errors import map_api_error
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
 
-SIZES = {"munge": 1024, "jwt": 32, "agent": 32}  # bytes; munge's own keys are 1 KiB
+MAKERS = {
+    "munge": lambda cloud: random_source.token_bytes(1024),  # munge's own keys are 1 KiB
+    "jwt": lambda cloud: random_source.token_bytes(32),
+    "agent": lambda cloud: random_source.token_bytes(32),
+    "tls": lambda cloud: tls.controller_bundle(cloud.n.prefix),
+}
 
 # (endpoint, secret name, cluster id) -> bytes: a cluster's keys never change while it exists, and a
 # cluster made again under the same name (new keys) has another id, so no worker keeps an old key.
@@ -32,7 +39,7 @@ def create_keys(cloud):
     from google.api_core import exceptions
     from google.cloud import secretmanager_v1
 
-    for kind, size in SIZES.items():
+    for kind, make in MAKERS.items():
         name = secret_name(cloud, kind)
         secret = cloud.get(lambda name=name: cloud.c.secrets.get_secret(name=name))
         if secret is None:
@@ -54,9 +61,7 @@ def create_keys(cloud):
                 f"secret {cloud.n.secret(kind)} already exists and was not created by this cluster"
             )
         if not list(cloud.c.secrets.list_secret_versions(parent=name)):
-            cloud.c.secrets.add_secret_version(
-                parent=name, payload=secretmanager_v1.SecretPayload(data=random_source.token_bytes(size))
-            )
+            cloud.c.secrets.add_secret_version(parent=name, payload=secretmanager_v1.SecretPayload(data=make(cloud)))
         grant_nodes(cloud, name)
 
 
@@ -90,7 +95,7 @@ def grant_nodes(cloud, name):
 def delete_keys(cloud):
     from google.api_core import exceptions
 
-    for kind in SIZES:
+    for kind in MAKERS:
         name = secret_name(cloud, kind)
         secret = cloud.get(lambda name=name: cloud.c.secrets.get_secret(name=name))
         if secret is None or not cloud.owned(secret):

@@ -351,13 +351,25 @@ case "$ROLE" in
     # Both of the console's doors listen on the controller's internal address alone (not loopback, not a
     # container bridge), where the cluster's firewall admits the console's range only.
     ip=$(meta_required instance/network-interfaces/0/ip) || fail "reading the controller's address from the metadata (curl exit $?)"
-    daemon tcc-slurmrestd env SLURM_JWT=daemon slurmrestd -a rest_auth/jwt -s openapi/v0.0.38 -u nobody "$ip:$SLURMRESTD_PORT"
+    # slurmrestd has no TLS (22.05): it listens on a Unix socket in a folder of its own account's (0700;
+    # slurmrestd(8): -u "a unique user with no write access or special permissions"), and the agent serves
+    # TLS on its port and relays to that socket. No other account can take the socket's place.
+    id -u tcc-slurmrestd >/dev/null 2>&1 \
+      || useradd --system --no-create-home --shell /usr/sbin/nologin --user-group tcc-slurmrestd \
+      || fail "making slurmrestd's account"
+    install -d -m 0700 -o tcc-slurmrestd -g tcc-slurmrestd /run/tcc-slurmrestd
+    rm -f /run/tcc-slurmrestd/slurmrestd.sock
+    daemon tcc-slurmrestd env SLURM_JWT=daemon slurmrestd -a rest_auth/jwt -s openapi/v0.0.38 -u tcc-slurmrestd \
+      unix:/run/tcc-slurmrestd/slurmrestd.sock
     # The cluster agent (the console's clusters/agent/server.py, standard library only): files under the
-    # shared home, the Slurm actions slurmrestd lacks, TensorBoard. Its key is in Secret Manager too.
+    # shared home, the Slurm actions slurmrestd lacks, TensorBoard. Its key is in Secret Manager too, with
+    # the controller's TLS key and certificate, signed by the cluster's own CA, which the console pins.
     meta_required instance/attributes/tcc-agent > /run/tcc/agent.py || fail "reading the cluster agent from the metadata (curl exit $?)"
     secret "$CLUSTER-agent-key" /run/tcc/agent.key || fail "reading the agent key from Secret Manager"
+    secret "$CLUSTER-tls-key" /run/tcc/tls.pem || fail "reading the controller's TLS certificate from Secret Manager"
     daemon tcc-agent python3 /run/tcc/agent.py --home "$SHARED" --key-file /run/tcc/agent.key \
       --listen "$ip:$AGENT_PORT" --slurm-conf /etc/slurm/slurm.conf \
+      --tls-bundle /run/tcc/tls.pem --slurmrestd-relay "$ip:$SLURMRESTD_PORT=/run/tcc-slurmrestd/slurmrestd.sock" \
       --tensorboard-python "$NODE_PYTHON" --tensorboard-host "$ip" --account-prefix "$ACCOUNT_PREFIX"
     daemon tcc-conf-watch bash /run/tcc/startup.sh watch-conf
     # "done" means the console can reach the controller: both of its doors answer.

@@ -16,6 +16,7 @@ import sys
 
 from django.conf import settings
 
+from ... import tls
 from ...accounts import project_group
 from ...choices import NodeState
 from ...spec import pool_node_count
@@ -23,6 +24,11 @@ from .. import slurm_waits
 from ..base import AgentEndpoint, Backend, Finding, SlurmEndpoint, Step
 from . import conf, daemons, ports, preflight, remediation
 from .paths import paths_for, prepare
+
+
+def ca_of(paths):
+    """The cluster's CA certificate, from the controller's bundle (clusters/tls.py)."""
+    return tls.ca_of(paths.tls_bundle.read_bytes())
 
 
 class LocalBackend(Backend):
@@ -132,20 +138,21 @@ class LocalBackend(Backend):
         return [Finding("fail" if missing else "ok", "Slurm on this machine", missing or "programs and plugins found")]
 
     def slurm_endpoint(self, cluster):
-        """The cluster's slurmrestd on 127.0.0.1 and its JWT key (a 0600 file in the cluster's folder)."""
+        """The cluster's slurmrestd, through the agent's TLS relay on 127.0.0.1, and its JWT key (a 0600 file in
+        the cluster's folder); the cluster's CA alone vouches for the relay."""
         paths = paths_for(cluster)
         port = cluster.backend_state.get("ports", {}).get("slurmrestd")
-        if not port or not paths.jwt_key.exists():
-            return None  # not created yet, or made before slurmrestd was added
-        return SlurmEndpoint(f"http://127.0.0.1:{port}", paths.jwt_key.read_bytes())
+        if not port or not paths.jwt_key.exists() or not paths.tls_bundle.exists():
+            return None  # not created yet, or made before slurmrestd (or TLS) was added
+        return SlurmEndpoint(f"https://127.0.0.1:{port}", paths.jwt_key.read_bytes(), ca_of(paths))
 
     def agent_endpoint(self, cluster):
-        """The cluster agent on 127.0.0.1 and its key (a 0600 file in the cluster's folder)."""
+        """The cluster agent (TLS) on 127.0.0.1 and its key (a 0600 file in the cluster's folder)."""
         paths = paths_for(cluster)
         port = cluster.backend_state.get("ports", {}).get("agent")
-        if not port or not paths.agent_key.exists():
+        if not port or not paths.agent_key.exists() or not paths.tls_bundle.exists():
             return None
-        return AgentEndpoint(f"http://127.0.0.1:{port}", paths.agent_key.read_bytes().hex())
+        return AgentEndpoint(f"https://127.0.0.1:{port}", paths.agent_key.read_bytes().hex(), ca_of(paths))
 
     def shared_dir(self, cluster):
         return paths_for(cluster).jobs

@@ -7,9 +7,11 @@ calls do: no Slurm client program runs here.
 """
 
 import os
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from django.conf import settings
 
@@ -18,7 +20,19 @@ from ...agent import server
 from ...work import BackendError, TransientBackendError
 from ..base import Backend
 from . import conf
+from .paths import SLURMRESTD_USER
 from .ports import port_answers
+
+
+def socket_answers(path):
+    """Something accepts connections on the Unix socket at `path`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def start_munged(paths):
@@ -109,10 +123,13 @@ def start_agent(cluster, paths):
     """The cluster agent (clusters/agent/server.py) on 127.0.0.1, serving the cluster's home; as on a
     VM's controller, it runs as root beside slurmctld. One started with other arguments is replaced."""
 
-    port = cluster.backend_state["ports"]["agent"]
+    ports = cluster.backend_state["ports"]
+    port = ports["agent"]
     argv = [sys.executable, server.__file__, "--home", str(paths.jobs), "--key-file", str(paths.agent_key),
             "--listen", f"127.0.0.1:{port}", "--tensorboard-python", sys.executable,
-            "--slurm-conf", str(paths.conf), "--account-prefix", settings.POSIX_ACCOUNT_PREFIX]  # fmt: skip
+            "--slurm-conf", str(paths.conf), "--account-prefix", settings.POSIX_ACCOUNT_PREFIX,
+            "--tls-bundle", str(paths.tls_bundle),
+            "--slurmrestd-relay", f"127.0.0.1:{ports['slurmrestd']}={paths.slurmrestd_socket}"]  # fmt: skip
     running = agent_processes(paths)
     if running and all(line == argv for line in running.values()):
         return
@@ -121,16 +138,18 @@ def start_agent(cluster, paths):
 
 def replace_server(what, running, port, argv, paths, log_name, env):
     """Stop `running`, wait until the port is let go (or "answers" below would be the old one's last
-    words), start `argv` in its own session and wait until it accepts connections on the port."""
+    words), start `argv` in its own session and wait until it accepts connections on the port (a TCP
+    port, or the path of a Unix socket)."""
+    answers = socket_answers if isinstance(port, Path) else port_answers
     processes.stop(running)
-    processes.wait_for(lambda: not port_answers(port), timeout=15, waiting_for=f"the old {what} to stop")
+    processes.wait_for(lambda: not answers(port), timeout=15, waiting_for=f"the old {what} to stop")
     with open(paths.logs / log_name, "ab") as log:
         # setsid -f: the server runs in the foreground; the extra fork leaves no zombie in the worker.
         subprocess.Popen(
             ["setsid", "-f", *argv], env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             start_new_session=True, cwd=paths.root,
         )  # fmt: skip
-    if not processes.wait_for(lambda: port_answers(port), timeout=15, waiting_for=what):
+    if not processes.wait_for(lambda: answers(port), timeout=15, waiting_for=what):
         raise TransientBackendError(f"{what} did not start; see {paths.logs / log_name}")
 
 
@@ -159,16 +178,20 @@ def reconfigure(cluster, paths, names, agent):
 
 
 def start_slurmrestd(cluster, paths):
-    """slurmrestd on 127.0.0.1 with JWT auth; it refuses to run as root, so it runs as nobody.
+    """slurmrestd with JWT auth on a Unix socket in its own 0700 run/ folder: the console reaches it through the
+    agent's TLS relay alone (it has no TLS of its own), and no member's process can take its place while it is
+    down. It refuses to run as root; it runs as its own account (paths.SLURMRESTD_USER), which makes the socket.
 
     Only the slurm/v0.0.38 plugin is loaded: the slurmdb ones refuse to start without slurmdbd.
     """
     running = processes.find_pids("slurmrestd", str(paths.conf))
     if running and cluster.backend_state.get("slurmrestd_conf") == conf.digest(paths):
         return
-    port = cluster.backend_state["ports"]["slurmrestd"]
+    socket_path = paths.slurmrestd_socket
     argv = [processes.program("slurmrestd"), "-f", str(paths.conf), "-a", "rest_auth/jwt", "-s", "openapi/v0.0.38",
-            "-u", "nobody", f"127.0.0.1:{port}"]  # fmt: skip
+            "-u", SLURMRESTD_USER, f"unix:{socket_path}"]  # fmt: skip
     env = {"SLURM_JWT": "daemon", "SLURM_CONF": str(paths.conf), "PATH": "/usr/bin:/bin"}
-    replace_server("slurmrestd", running, port, argv, paths, "slurmrestd.log", env)
+    processes.stop(running)
+    socket_path.unlink(missing_ok=True)  # an old one's socket: slurmrestd would not bind over it
+    replace_server("slurmrestd", [], socket_path, argv, paths, "slurmrestd.log", env)
     Backend.save_state(cluster, slurmrestd_conf=conf.digest(paths))

@@ -2,6 +2,7 @@
 
 import grp
 import os
+import pwd
 import secrets
 import subprocess
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from ... import tls
 from ...work import PermanentBackendError
 from . import preflight
 
@@ -36,6 +38,21 @@ class ClusterPaths:
     @property
     def agent_key(self):
         return self.secrets / "agent.key"
+
+    @property
+    def tls_bundle(self):
+        """The controller's TLS key and certificate, with the cluster's CA (clusters/tls.py)."""
+        return self.secrets / "tls.pem"
+
+    @property
+    def run(self):
+        """slurmrestd's own folder (SLURMRESTD_USER's, 0700): its socket, which only the agent's TLS relay
+        (root) reaches besides slurmrestd; no member's process can take its place there."""
+        return self.root / "run"
+
+    @property
+    def slurmrestd_socket(self):
+        return self.run / "slurmrestd.sock"
 
     @property
     def munge_dir(self):
@@ -80,14 +97,15 @@ def paths_for(cluster):
     return ClusterPaths(Path(settings.LOCAL_CLUSTERS_DIR) / f"c{cluster.pk}")
 
 
-def write_secret(path, size):
-    """A random key file, readable by root alone, written once (tmp + rename, so never half a key)."""
+def write_secret(path, size=None, make=None):
+    """A key file (`size` random bytes, or what make() returns), readable by root alone, written once (tmp +
+    rename, so never half a key)."""
     if path.exists():
         return
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
     with os.fdopen(fd, "wb") as handle:
-        handle.write(secrets.token_bytes(size))
+        handle.write(make() if make else secrets.token_bytes(size))
     os.replace(tmp, path)
 
 
@@ -107,16 +125,41 @@ def prepare(paths, group):
     write_secret(paths.munge_key, 128)
     write_secret(paths.jwt_key, 32)
     write_secret(paths.agent_key, 32)
+    write_secret(paths.tls_bundle, make=lambda: tls.controller_bundle(paths.root.name))
+    paths.run.mkdir(mode=0o700, exist_ok=True)
+    account = ensure_service_account(SLURMRESTD_USER)
+    os.chown(paths.run, account.pw_uid, account.pw_gid)
+    paths.run.chmod(0o700)
     blocked = [str(p) for p in paths.root.parents if p.stat().st_mode & 0o001 == 0]
     if blocked:
         # slurmrestd runs as nobody and must reach slurm.conf.
         raise PermanentBackendError(
             f"LOCAL_CLUSTERS_DIR must be reachable by every user; {blocked[0]} is not (chmod o+x)"
         )
-    if len(str(paths.munge_socket)) > 100:
+    if max(len(str(paths.munge_socket)), len(str(paths.slurmrestd_socket))) > 100:
         raise PermanentBackendError(
             f"LOCAL_CLUSTERS_DIR is too deep for munge's socket ({paths.munge_socket}); choose a shorter path"
         )
+
+
+# slurmrestd's account. slurmrestd(8) for -u: "a unique user with no write access or special permissions. Do
+# not set this user to SlurmUser or root" (https://slurm.schedmd.com/slurmrestd.html); and it creates its
+# Unix socket as that user. nobody would share the socket's folder with TensorBoard, which runs as nobody.
+SLURMRESTD_USER = "tcc-slurmrestd"
+
+
+def ensure_service_account(name):
+    """A system account with no home and no shell (made if missing); its passwd entry."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        done = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group", name],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if done.returncode != 0 and "already exists" not in done.stderr:
+            raise PermanentBackendError(f"useradd {name}: {done.stderr.strip()}") from None
+        return pwd.getpwnam(name)
 
 
 def ensure_group(group):
