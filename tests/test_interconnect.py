@@ -12,6 +12,7 @@ from clusters.health.checks.interconnect import rounds
 from clusters.health.scans import evaluate_links
 from clusters.models import HealthResult, Operation
 from clusters.operations import engine
+from clusters.spec.catalog import machine_type_info
 
 from .conftest import api_client_for, module_cluster
 
@@ -137,3 +138,34 @@ def test_it_fails_the_slow_node_and_keeps_the_slow_all_reduce_in_every_reason():
     a = reports["a"]["interconnect"]
     assert a["status"] == "warn"
     assert a["reason"].startswith("slow link to d 0.03 GB/s") and "all-reduce" in a["reason"]
+
+
+def nccl_report(pairs, busbw=40.0):
+    return {"interconnect": {"status": PASS, "values": {"backend": "nccl", "busbw_gbps": busbw, "pairs": pairs}}}
+
+
+def test_on_a_machine_type_with_a_known_gpu_nic_a_pair_far_under_its_line_rate_is_slow_even_if_all_are():
+    # Three A3 Ultra nodes whose NCCL fell back to sockets over the system NIC: every pair equally slow, so
+    # the pairs' median says nothing; a quarter of the 400 Gbps GPU NIC (12.5 GB/s) does.
+    nic = machine_type_info("a3-ultragpu-8g").gpu_nic_gbps
+    assert nic == 400
+    slow = {n: nccl_report({p: 3.1 for p in "abc" if p != n}) for n in "abc"}
+    evaluate_links(slow, thresholds()["interconnect"], nic)
+    # Not one node's link: every node warns (no node is rebooted for the fabric's or NCCL's fault).
+    assert {n: slow[n]["interconnect"]["status"] for n in "abc"} == dict.fromkeys("abc", "warn")
+    assert "under 12.5 GB/s: 25% of a 400 Gbps GPU NIC" in slow["a"]["interconnect"]["reason"]
+    assert "NCCL's network or the fabric, not one node" in slow["a"]["interconnect"]["reason"]
+    assert slow["a"]["interconnect"]["threshold"]["min_gbps"] == 12.5
+    # One node whose NIC runs far under its line rate, among healthy ones, fails: its own link.
+    one = {("a", "b"): 44.0, ("a", "c"): 3.1, ("b", "c"): 3.3}
+    mixed = {n: nccl_report({(set(k) - {n}).pop(): v for k, v in one.items() if n in k}) for n in "abc"}
+    evaluate_links(mixed, thresholds()["interconnect"], nic)
+    assert {n: mixed[n]["interconnect"]["status"] for n in "abc"} == {"a": "warn", "b": "warn", "c": "fail"}
+    healthy = {n: nccl_report({p: 44.0 for p in "abc" if p != n}) for n in "abc"}
+    evaluate_links(healthy, thresholds()["interconnect"], nic)
+    assert {n: healthy[n]["interconnect"]["status"] for n in "abc"} == dict.fromkeys("abc", "pass")
+    # Without a recorded line rate (A3 Mega: Google's pages disagree) only the generic NCCL floor applies.
+    assert machine_type_info("a3-megagpu-8g").gpu_nic_gbps == 0
+    unknown = {n: nccl_report({p: 3.1 for p in "abc" if p != n}) for n in "abc"}
+    evaluate_links(unknown, thresholds()["interconnect"], 0)
+    assert {n: unknown[n]["interconnect"]["status"] for n in "abc"} == dict.fromkeys("abc", "pass")

@@ -26,7 +26,7 @@ from ..operations import start
 from ..slurm import batch
 from ..slurm.hooks import GPU_CHECK
 from ..slurm.states import NODE_UP, is_down, is_drained, is_schedulable, split_state
-from ..spec.catalog import accelerator_info, machine_fabric
+from ..spec.catalog import accelerator_info, machine_fabric, machine_type_info
 from ..work import PermanentBackendError, Step, TransientBackendError, heartbeat
 from . import FAIL, PASS, WARN, epilog, load_checks, threshold_errors, thresholds, unknown_checks
 from .checks.correctness import checksum
@@ -344,7 +344,9 @@ def evaluate(ctx):
             others = [n for n, v in sums.items() if v != value]
             if len(others) > len(sums) / 2 and reports[node]["correctness"]["status"] != FAIL:
                 reports[node]["correctness"].update(status=FAIL, reason=f"differs from {', '.join(others)}")
-    evaluate_links(reports, limits_for(operation)["interconnect"])
+    pool = ctx.cluster.node_pools.filter(role=NodeRole.COMPUTE).first()
+    machine = machine_type_info(pool.machine_type) if pool else None
+    evaluate_links(reports, limits_for(operation)["interconnect"], machine.gpu_nic_gbps if machine else 0)
     record(operation, reports)
 
 
@@ -378,8 +380,11 @@ def record(operation, reports):
         )
 
 
-def evaluate_links(reports, limits):
-    """Judge each node's links against a reference pair speed: slow to every peer means its own link."""
+def evaluate_links(reports, limits, nic_gbps=0):
+    """Judge each node's links against a reference pair speed: slow to every peer means its own link. With
+    `nic_gbps` (the line rate of one GPU's NIC on the machine type, machine_types.json), an NCCL pair under
+    `min_fabric_fraction` of it is slow even when every pair is: traffic off the GPU NICs (NCCL fell back to
+    sockets over the system NIC) or links trained down."""
     measured = {
         n: r["interconnect"]["values"] for n, r in reports.items() if r.get("interconnect", {}).get("status") == PASS
     }
@@ -394,28 +399,39 @@ def evaluate_links(reports, limits):
     # (n-1 of them) but it is one node, so fewer than half the nodes bad still leave a true reference.
     best = [max((v for k, v in pairs.items() if node in k), default=0) for node in measured]
     median = statistics.median(best)
-    floor = limits["min_busbw_gbps"].get(next(iter(measured.values()))["backend"], 0)
+    backend = next(iter(measured.values()))["backend"]
+    floor = limits["min_busbw_gbps"].get(backend, 0)
+    fabric = round(limits["min_fabric_fraction"] * nic_gbps / 8, 1) if backend == "nccl" and nic_gbps else 0
+    floor = max(floor, fabric)
     # With three or more nodes a slow pair stands out; with two, only the floor can tell.
     relative = len(measured) >= 3
     slow = {k for k, v in pairs.items() if v < floor or (relative and v < limits["slow_link_fraction"] * median)}
+    # Under the GPU NIC's floor, the reason says so: a reference of equally slow pairs explains nothing.
+    line = f", under {floor} GB/s: {limits['min_fabric_fraction']:.0%} of a {nic_gbps} Gbps GPU NIC" if fabric else ""
+    # Every pair under it: NCCL's network setup or the fabric, not one node's link (no node to reboot).
+    everywhere = bool(fabric) and len(pairs) >= 2 and all(v < fabric for v in pairs.values())
     for node, values in measured.items():
         result = reports[node]["interconnect"]
         result["threshold"] = {
             "reference_gbps": round(median, 3),
             "slow_link_fraction": limits["slow_link_fraction"],
             "min_gbps": floor,
+            **({"nic_gbps": nic_gbps, "min_fabric_fraction": limits["min_fabric_fraction"]} if fabric else {}),
         }
         peers = sorted(values["pairs"])
         slow_peers = [p for p in peers if tuple(sorted((node, p))) in slow]
         reasons = []
         if slow_peers:
             shown = ", ".join(f"{p} {pairs[tuple(sorted((node, p)))]} GB/s" for p in slow_peers)
-            if len(slow_peers) == len(peers) and len(peers) >= 2:
+            if everywhere:
+                result["status"] = WARN
+                reasons.append(f"every pair is slow ({shown}{line}): NCCL's network or the fabric, not one node")
+            elif len(slow_peers) == len(peers) and len(peers) >= 2:
                 result["status"] = FAIL
-                reasons.append(f"slow to every peer ({shown}; reference {median:.3f} GB/s): its link")
+                reasons.append(f"slow to every peer ({shown}; reference {median:.3f} GB/s{line}): its link")
             else:
                 result["status"] = WARN
-                reasons.append(f"slow link to {shown} (reference {median:.3f} GB/s)")
+                reasons.append(f"slow link to {shown} (reference {median:.3f} GB/s{line})")
         if values["busbw_gbps"] < floor:
             # One slow link slows everyone's all-reduce: said after the pairs, which name the culprit.
             result["status"] = result["status"] if result["status"] == FAIL else WARN

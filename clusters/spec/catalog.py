@@ -62,6 +62,7 @@ class MachineType:
     hyperdisk_only: bool = False  # boots from Hyperdisk only
     reservation_bound: bool = False  # reserved as RESERVATION_BOUND VMs
     fabric: str = ""  # the GPU network beside the system NIC: tcpx, tcpxo or rdma
+    gpu_nic_gbps: int = 0  # line rate of the NIC each GPU sends through to other nodes; 0: not recorded
 
 
 @cache
