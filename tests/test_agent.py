@@ -2,6 +2,7 @@
 its allow-list, and what it refuses. Persona: mallory holds the agent's address and tries to leave the
 home or run something; the console holds the key."""
 
+import json
 import os
 import pwd
 import secrets
@@ -9,10 +10,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from clusters import tls
+from clusters import processes, tls
 from clusters.agent import server
 from clusters.agent.client import AgentClient, AgentEndpoint, AgentRefused
 from clusters.work import TransientBackendError
@@ -203,6 +206,54 @@ def test_tensorboard_is_the_one_program_and_only_when_the_agent_was_given_it(age
         with pytest.raises(AgentRefused) as refused:
             client.call("tensorboard", action=action, path_prefix=prefix)
         assert refused.value.status == 400
+
+
+def test_tensorboard_answers_through_the_agent_alone_on_a_socket_only_nobody_reaches():
+    """The console relays TensorBoard through the agent (TLS, key): TensorBoard listens on no TCP port, and its
+    socket's folder is nobody's, 0700. Its own answers pass through (a 404 stays a 404); the agent's
+    refusals (a bad prefix, a wrong key) are the agent's."""
+    root = Path(tempfile.mkdtemp(prefix="tcc-agent-tb-", dir="/tmp"))  # nobody must reach the home
+    try:
+        root.chmod(0o755)
+        (root / "home" / "runs").mkdir(parents=True)
+        (root / "agent.key").write_bytes(key := secrets.token_bytes(32))
+        (root / "tls.pem").write_bytes(tls.controller_bundle("tb-test"))
+        command = [sys.executable, server.__file__, "--home", str(root / "home"), "--key-file", str(root / "agent.key"),
+                   "--listen", "127.0.0.1:0", "--port-file", str(root / "port"), "--tls-bundle", str(root / "tls.pem"),
+                   "--tensorboard-python", sys.executable, "--tensorboard-socket-dir", str(root / "tb")]  # fmt: skip
+        process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        try:
+            wait_until((root / "port").exists, timeout=20, message="the agent to listen")
+            url = f"https://127.0.0.1:{(root / 'port').read_text()}"
+            client = AgentClient(AgentEndpoint(url, key.hex(), tls.ca_of((root / "tls.pem").read_bytes())))
+            prefix = "/clusters/alpha/demo/tensorboard"
+            status, _headers, body = client.relay_tensorboard(prefix, "GET", "data/runs")
+            assert (status, json.loads(body)) == (200, [])
+            assert client.relay_tensorboard(prefix, "GET", "data/no-such-route")[0] == 404  # TensorBoard's own
+            with pytest.raises(AgentRefused) as refused:
+                client.relay_tensorboard("/etc", "GET", "data/runs")
+            assert refused.value.status == 400
+            with pytest.raises(AgentRefused) as refused:
+                AgentClient(AgentEndpoint(url, "00" * 32, client.endpoint.ca)).relay_tensorboard(prefix, "GET", "")
+            assert refused.value.status == 401
+            folder = root / "tb"
+            assert folder.stat().st_mode & 0o777 == 0o700
+            assert folder.stat().st_uid == pwd.getpwnam("nobody").pw_uid
+            assert [p.name for p in folder.iterdir()] == ["tb.sock"]
+            process.terminate()  # TensorBoard stops with it
+            process.wait(timeout=30)
+            wait_until(lambda: not tensorboards(root), timeout=20, message="TensorBoard to stop with its agent")
+        finally:
+            process.kill()
+            processes.stop(tensorboards(root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def tensorboards(root):
+    return sorted(
+        pid for pid, argv in processes.command_lines() if any(str(root) in arg for arg in argv[1:3] + argv[3:])
+    )
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,11 @@ rita owns project "rlab" with cluster "train" (2 CPU nodes), made once for each 
 an outsider.
 """
 
+import contextlib
+import errno
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -753,11 +757,25 @@ def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(ri
     tensorboard = [
         pid
         for pid, argv in processes.command_lines()
-        if "tensorboard.main" in argv and str(paths.root) in " ".join(argv)
+        if any(arg.startswith("# tcc-tensorboard") for arg in argv) and str(paths.root) in " ".join(argv)
     ]  # fmt: skip (TensorBoard, not the agent that starts it)
     assert tensorboard
     # It parses event files users' jobs wrote: never as root.
-    assert {Path(f"/proc/{pid}").stat().st_uid for pid in tensorboard} == {pwd.getpwnam("nobody").pw_uid}
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert {Path(f"/proc/{pid}").stat().st_uid for pid in tensorboard} == {nobody}
+    # The attack: another project's job on this machine reads rlab's runs from TensorBoard's port (it listened
+    # on 127.0.0.1 with no login), or takes the port while it is free. It has no TCP port now, and its Unix
+    # socket's folder is nobody's alone: another account cannot even reach the socket.
+    assert all(listening_tcp_ports(pid) == set() for pid in tensorboard)
+    folder = paths.root / "tensorboard"
+    assert (folder.stat().st_uid, folder.stat().st_mode & 0o777) == (nobody, 0o700)
+    probe = (
+        "import socket, sys\nconnection = socket.socket(socket.AF_UNIX)\n"
+        "try: connection.connect(sys.argv[1])\nexcept OSError as exc: print(exc.errno)"
+    )
+    stranger = subprocess.run(["/usr/bin/python3", "-c", probe, str(folder / "tb.sock")], user="daemon",
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert stranger.stdout.strip() == str(errno.EACCES), stranger
 
     response = rita_api.delete("/api/v1/projects/rlab/clusters/train/")
     assert response.status_code == 202, response.content
@@ -769,3 +787,20 @@ def test_deleting_the_cluster_leaves_no_job_tensorboard_or_reservation_behind(ri
     still += [pid for pid, _ in processes.command_lines() if processes.environ(pid).get("SLURM_CONF") == conf]
     assert still == []
     assert not processes.job_processes(conf)
+
+
+def listening_tcp_ports(pid):
+    """The TCP ports process `pid` listens on (its sockets' inodes matched in /proc/net/tcp and tcp6)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports

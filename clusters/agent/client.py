@@ -75,9 +75,36 @@ class AgentClient:
         return self.call("list", path=path, pattern=pattern)["names"]
 
     def tensorboard(self, path_prefix):
-        """(host, port) of the cluster's TensorBoard, started if need be."""
-        answer = self.call("tensorboard", action="start", path_prefix=path_prefix)
-        return answer["host"], answer["port"]
+        """Start the cluster's TensorBoard if need be (on a Unix socket only the agent reaches)."""
+        self.call("tensorboard", action="start", path_prefix=path_prefix)
+
+    def relay_tensorboard(self, path_prefix, method, path, body=None, content_type=""):
+        """(status, [(header, value)], body) of the cluster's TensorBoard for one request, through the agent
+        (which starts it first if need be). TensorBoard's own errors (a 404) come back as answers; the agent's
+        refusals raise as every call's do."""
+        request = urllib.request.Request(
+            f"{self.endpoint.url.rstrip('/')}/tensorboard/{path}",
+            data=body,
+            method=method,
+            headers={
+                "Authorization": f"Bearer {self.endpoint.key}",
+                "X-TensorBoard-Prefix": path_prefix,
+                **({"Content-Type": content_type} if body is not None and content_type else {}),
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60, context=context_for(self.endpoint)) as response:
+                return response.status, list(response.headers.items()), response.read()
+        except urllib.error.HTTPError as exc:
+            if exc.headers.get("X-Agent-Error"):
+                try:
+                    message = json.loads(exc.read()).get("error", "")
+                except ValueError:
+                    message = ""
+                raise AgentRefused(exc.code, f"the cluster agent refused TensorBoard: {message or exc.code}") from None
+            return exc.code, list(exc.headers.items()), exc.read()
+        except (OSError, ValueError) as exc:
+            raise TransientBackendError(unreachable("the cluster agent", exc)) from None
 
     def stop_tensorboard(self):
         self.call("tensorboard", action="stop")

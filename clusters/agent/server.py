@@ -24,8 +24,11 @@ one a user made first is refused (409), never used:
     own   {path, user, group?}           -> {owner, group}                     a run's folder becomes a user's
     prune {path, older_than}             -> {removed}                          entries of a folder older than a time
     account {user, group}                -> {user, group}                      a user's account in its project group
-    tensorboard {action: start|stop, path_prefix}  -> {port, host}            TensorBoard over <home>/runs
+    tensorboard {action: start|stop, path_prefix}  -> {started} | {stopped}   TensorBoard over <home>/runs
     slurm {action, node?, reason?, name?, nodes?}  -> {done, ...}             what slurmrestd 0.0.38 cannot do
+
+and one relay, `GET|HEAD|POST /tensorboard/<path>` with the key and `X-TensorBoard-Prefix`: TensorBoard's own
+answer (started first if need be); the agent's own refusals carry `X-Agent-Error: 1`.
 
 `slurm` runs scontrol (never a shell) for a fixed list of actions, each with checked arguments:
 drain/resume/down a node, reconfigure, hold (create or widen a reservation for root, FLEX and
@@ -33,9 +36,9 @@ IGNORE_JOBS) and release (delete it; done when it is already gone). The agent fi
 slurm.conf as scontrol does (--slurm-conf or $SLURM_CONF, else /etc/slurm/slurm.conf).
 
 Anything else is 404, a bad key 401, a bad argument 400 with {"error": ...}. The one program the agent
-starts is TensorBoard (with --tensorboard-python), on the home's runs folder, bound to
---tensorboard-host (127.0.0.1; a gce controller's internal address, which the console reaches) with
-a path prefix the console chooses (checked); it never reads outside the home. `account` makes or
+starts is TensorBoard (with --tensorboard-python), on the home's runs folder, as nobody, on a Unix socket in
+--tensorboard-socket-dir (nobody's, 0700: no other account can reach it or take its place), with a path
+prefix the console chooses (checked); it never reads outside the home. `account` makes or
 joins only accounts and groups named with --account-prefix, never the machine's own.
 """
 
@@ -46,6 +49,7 @@ import contextlib
 import fnmatch
 import grp
 import hmac
+import http.client
 import json
 import os
 import pwd
@@ -53,6 +57,7 @@ import re
 import secrets
 import selectors
 import shutil
+import signal
 import socket
 import ssl
 import stat
@@ -563,44 +568,105 @@ def unprivileged(home):
     return {"user": pwd.getpwnam("nobody").pw_uid, "group": gid, "extra_groups": [gid]}
 
 
-class TensorBoard:
-    """At most one TensorBoard for the home's runs folder, started on demand, as nobody."""
+# TensorBoard on a Unix socket: tensorboard.main only binds TCP, where anything on the host (on local, other
+# projects' jobs) could read the runs or take the port while it is free and have the console serve its pages.
+# Its Werkzeug server binds "unix://PATH" as it is; only the printed URL and the notebook info file need a port.
+TENSORBOARD_LAUNCHER = """# tcc-tensorboard: TensorBoard on a Unix socket (clusters/agent/server.py)
+from absl import app
+from tensorboard import default, main_lib, program
 
-    def __init__(self, python, host="127.0.0.1"):
-        self.python, self.host, self.process, self.port, self.prefix = python, host, None, None, None
+
+class UnixSocketServer(program.WerkzeugServer):
+    def get_url(self):
+        return f"unix:{self.server_address}"
+
+
+class Board(program.TensorBoard):
+    def _register_info(self, server):
+        pass  # the info file for notebooks' %tensorboard wants a TCP port
+
+
+main_lib.global_init()
+board = Board(plugins=default.get_plugins(), server_class=UnixSocketServer)
+app.run(board.main, flags_parser=board.configure)
+"""
+PROXY_SKIPS = {"connection", "keep-alive", "transfer-encoding", "content-length", "server", "date"}
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class TensorBoard:
+    """At most one TensorBoard for the home's runs folder, started on demand, as nobody, on a Unix socket in
+    a folder only nobody (and root) enters; the agent alone reaches it, and relays the console's requests."""
+
+    def __init__(self, python, socket_dir):
+        self.python, self.socket_dir, self.process, self.prefix = python, socket_dir, None, None
+        self.socket = os.path.join(socket_dir, "tb.sock")
         self.lock = threading.Lock()
+
+    def answers(self):
+        try:
+            with contextlib.closing(UnixHTTPConnection(self.socket, timeout=0.5)) as connection:
+                connection.connect()
+            return True
+        except OSError:
+            return False
 
     def start(self, home, prefix, timeout=30):
         with self.lock:
             if self.process is not None and self.process.poll() is None and self.prefix == prefix:
-                return self.port
+                return
             self.stop_locked()
             logdir = os.path.join(home.root, "runs")
             os.makedirs(logdir, exist_ok=True)
-            with socket.socket() as sock:
-                sock.bind((self.host, 0))
-                port = sock.getsockname()[1]
+            user = unprivileged(home)
+            os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
+            if user:
+                os.chown(self.socket_dir, user["user"], 0)
+            os.chmod(self.socket_dir, 0o700)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket)
             log = open(os.path.join(os.path.dirname(home.root), "tensorboard.log"), "ab")  # noqa: SIM115
             self.process = subprocess.Popen(
-                [self.python, "-m", "tensorboard.main", "--logdir", logdir, "--host", self.host,
-                 "--port", str(port), "--path_prefix", prefix, "--reload_interval", "5"],
+                [self.python, "-c", TENSORBOARD_LAUNCHER, "--logdir", logdir, "--host", f"unix://{self.socket}",
+                 "--port", "0", "--path_prefix", prefix, "--reload_interval", "5"],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HOME": "/nonexistent"},
-                **unprivileged(home),
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HOME": "/nonexistent"}, **user,
             )  # fmt: skip
             log.close()
-            self.port, self.prefix = port, prefix
+            self.prefix = prefix
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                try:
-                    with socket.create_connection((self.host, port), timeout=0.5):
-                        return port
-                except OSError:
-                    if self.process.poll() is not None:
-                        break
-                    time.sleep(0.2)
+                if self.answers():
+                    return
+                if self.process.poll() is not None:
+                    break
+                time.sleep(0.2)
             self.stop_locked()
             raise Refused(HTTPStatus.SERVICE_UNAVAILABLE, "TensorBoard did not start; see tensorboard.log")
+
+    def request(self, method, path, body, content_type):
+        """(status, headers, body) of TensorBoard's answer to one of the console's requests, under its prefix."""
+        headers = {"Content-Type": content_type} if body is not None and content_type else {}
+        with contextlib.closing(UnixHTTPConnection(self.socket, timeout=60)) as connection:
+            connection.request(method, f"{self.prefix}/{path}", body=body, headers=headers)
+            answer = connection.getresponse()
+            data = answer.read()
+            return answer.status, [(k, v) for k, v in answer.getheaders() if k.lower() not in PROXY_SKIPS], data
 
     def stop(self):
         with self.lock:
@@ -613,7 +679,7 @@ class TensorBoard:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        self.process, self.port, self.prefix = None, None, None
+        self.process, self.prefix = None, None
 
 
 def op_tensorboard(home, body, tensorboard):
@@ -627,7 +693,8 @@ def op_tensorboard(home, body, tensorboard):
     if action == "stop":
         tensorboard.stop()
         return {"stopped": True}
-    return {"port": tensorboard.start(home, prefix), "host": tensorboard.host}
+    tensorboard.start(home, prefix)
+    return {"started": True}
 
 
 OPERATIONS = {"stat": op_stat, "read": op_read, "tail": op_tail, "list": op_list, "write": op_write,
@@ -646,25 +713,66 @@ def handler_for(home, key, tensorboard=None):
             raw = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
+            if status >= 400:
+                self.send_header("X-Agent-Error", "1")  # the agent's own refusal, not a relayed answer
             self.send_header("Content-Length", str(len(raw)))
             self.end_headers()
             self.wfile.write(raw)
 
         def do_GET(self):
+            if self.path.startswith("/tensorboard/"):
+                return self.guarded(self.relay_tensorboard)
             self.answer(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "use POST /v1/<operation>"})
 
+        do_HEAD = do_GET
+
         def do_POST(self):
+            if self.path.startswith("/tensorboard/"):
+                return self.guarded(self.relay_tensorboard)
+            self.guarded(lambda: self.answer(HTTPStatus.OK, self.handle_post()))
+
+        def guarded(self, work):
             try:
-                self.answer(HTTPStatus.OK, self.handle_post())
+                work()
             except Refused as exc:
                 self.answer(exc.status, {"error": str(exc)})
             except OSError as exc:
                 self.answer(HTTPStatus.CONFLICT, {"error": f"{type(exc).__name__}: {exc.strerror or exc}"})
+            except http.client.HTTPException as exc:  # TensorBoard answered something that is not HTTP
+                self.answer(HTTPStatus.BAD_GATEWAY, {"error": f"TensorBoard: {type(exc).__name__}"})
 
-        def handle_post(self):
+        def check_key(self):
             given = self.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), b"Bearer " + key):
                 raise Refused(HTTPStatus.UNAUTHORIZED, "a valid agent key is required")
+
+        def relay_tensorboard(self):
+            """GET|HEAD|POST /tensorboard/<path> with X-TensorBoard-Prefix: TensorBoard's answer (started first
+            if need be, with that prefix); the agent's own refusals carry X-Agent-Error."""
+            self.check_key()
+            if tensorboard is None:
+                raise Refused(HTTPStatus.CONFLICT, "TensorBoard is not installed on this cluster's agent")
+            prefix = self.headers.get("X-TensorBoard-Prefix", "")
+            if not PATH_PREFIX.match(prefix):
+                raise bad("X-TensorBoard-Prefix must be /clusters/<project>/<cluster>/tensorboard")
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY:
+                raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request too large")
+            body = self.rfile.read(length) if self.command == "POST" else None
+            tensorboard.start(home, prefix)
+            status, headers, data = tensorboard.request(
+                self.command, self.path.removeprefix("/tensorboard/"), body, self.headers.get("Content-Type")
+            )
+            self.send_response(status)
+            for name, value in headers:
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        def handle_post(self):
+            self.check_key()
             name = self.path.removeprefix("/v1/")
             if not self.path.startswith("/v1/") or (name not in OPERATIONS and name != "tensorboard"):
                 raise Refused(HTTPStatus.NOT_FOUND, "unknown operation")
@@ -788,9 +896,9 @@ def main(argv=None):
         "--tensorboard-python", help="a Python with tensorboard installed (enables the tensorboard operation)"
     )
     parser.add_argument(
-        "--tensorboard-host",
-        default="127.0.0.1",
-        help="where TensorBoard listens (the console proxies to it)",
+        "--tensorboard-socket-dir",
+        default="/run/tcc-tensorboard",
+        help="the folder of TensorBoard's Unix socket (made, nobody's, 0700); the agent relays the console to it",
     )
     parser.add_argument("--account-prefix", default=ACCOUNTS["prefix"], help="the console's POSIX account prefix")
     parser.add_argument(
@@ -812,7 +920,7 @@ def main(argv=None):
         key = binascii.hexlify(handle.read())  # the file holds random bytes; clients send their hex
     host, _, port = args.listen.rpartition(":")
     ACCOUNTS["prefix"] = args.account_prefix
-    tensorboard = TensorBoard(args.tensorboard_python, args.tensorboard_host) if args.tensorboard_python else None
+    tensorboard = TensorBoard(args.tensorboard_python, args.tensorboard_socket_dir) if args.tensorboard_python else None
     context = server_context(args.tls_bundle) if args.tls_bundle else None
     if args.slurmrestd_relay:
         if context is None:
@@ -826,6 +934,8 @@ def main(argv=None):
         with open(partial, "w") as handle:
             handle.write(str(server.server_address[1]))
         os.replace(partial, args.port_file)
+    # A stop (SIGTERM) ends the serving loop, so that TensorBoard (in a session of its own) stops with the agent.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         server.serve_forever()
     finally:

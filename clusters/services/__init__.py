@@ -19,6 +19,7 @@ from .files import (
     stop_tensorboard,
     tail_file,
     tensorboard,
+    tensorboard_request,
     upload_folder,
     write_file,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "sync_state",
     "tail_file",
     "tensorboard",
+    "tensorboard_request",
     "update_cluster",
     "upload_folder",
     "validate_request",

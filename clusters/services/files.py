@@ -39,9 +39,14 @@ def list_files(cluster, path, pattern="*"):
 
 
 def tensorboard(cluster, path_prefix):
-    """(host, port) of the cluster's TensorBoard (over the home's runs folder), started by the agent
-    if need be; the console proxies to it behind its login."""
+    """Start the cluster's TensorBoard (over the home's runs folder) if need be."""
     return agent_call(cluster, "tensorboard", path_prefix)
+
+
+def tensorboard_request(cluster, path_prefix, method, path, body=None, content_type=""):
+    """(status, headers, body): the cluster's TensorBoard's answer, relayed by the agent (TensorBoard listens
+    on a Unix socket on the controller that only the agent reaches); the console serves it behind its login."""
+    return agent_call(cluster, "relay_tensorboard", path_prefix, method, path, body, content_type)
 
 
 def stop_tensorboard(cluster):

@@ -1,6 +1,6 @@
-"""A TensorBoard per cluster over its runs folder, started on demand by the cluster agent, bound to
-127.0.0.1 on the controller and reached only through the console's login (the view in
-recipes/views.py proxies to it, keeping the path prefix)."""
+"""A TensorBoard per cluster over its runs folder, started on demand by the cluster agent, on a Unix socket
+on the controller that only the agent reaches, and reached by users only through the console's login (the
+view in recipes/runs/views.py relays to it through the agent, keeping the path prefix)."""
 
 import contextlib
 
@@ -12,9 +12,10 @@ def prefix(cluster):
     return f"/clusters/{cluster.project.slug}/{cluster.name}/tensorboard"
 
 
-def ensure(cluster):
-    """(host, port) of the cluster's TensorBoard once it answers; ConsoleError when it cannot start."""
-    return services.tensorboard(cluster, prefix(cluster))
+def request(cluster, method, path, body=None, content_type=""):
+    """(status, headers, body) of the cluster's TensorBoard (started if need be); ConsoleError when the
+    agent cannot reach or start it."""
+    return services.tensorboard_request(cluster, prefix(cluster), method, path, body, content_type)
 
 
 def stop(cluster):

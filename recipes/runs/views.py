@@ -1,7 +1,6 @@
 """Run pages: launch a recipe (with the sbatch script shown before submit), follow it, cancel it."""
 
-import urllib.error
-import urllib.request
+import urllib.parse
 
 from django.contrib import messages
 from django.http import HttpResponse, StreamingHttpResponse
@@ -173,25 +172,18 @@ def tensorboard_proxy(request, project, name, path=""):
     cluster = cluster_for(request, project, name)
     if request.method not in ("GET", "HEAD") and not (request.method == "POST" and "data/" in path):
         return HttpResponse("Only reads go through to TensorBoard.", status=405, content_type="text/plain")
+    target = urllib.parse.quote(path, safe="/-_.~:@!$&'()*+,;=")
+    if request.META.get("QUERY_STRING"):
+        target += "?" + request.META["QUERY_STRING"]
+    body = request.body if request.method == "POST" else None
     try:
-        host, port = tensorboard.ensure(cluster)
+        status, headers, data = tensorboard.request(
+            cluster, request.method, target, body, request.headers.get("Content-Type", "")
+        )
     except ConsoleError as exc:
         return HttpResponse(f"TensorBoard is not available: {exc.message}", status=503, content_type="text/plain")
-    url = f"http://{host}:{port}{tensorboard.prefix(cluster)}/{path}"
-    if request.META.get("QUERY_STRING"):
-        url += "?" + request.META["QUERY_STRING"]
-    body = request.body if request.method == "POST" else None
-    headers = {"Content-Type": request.headers.get("Content-Type", "")} if body else {}
-    try:
-        with urllib.request.urlopen(
-            urllib.request.Request(url, data=body, headers=headers, method=request.method), timeout=30
-        ) as upstream:
-            response = HttpResponse(upstream.read(), status=upstream.status)
-            upstream_headers = upstream.headers
-    except urllib.error.HTTPError as exc:
-        response = HttpResponse(exc.read(), status=exc.code)
-        upstream_headers = exc.headers
-    for key, value in upstream_headers.items():
+    response = HttpResponse(data, status=status)
+    for key, value in headers:
         if key.lower() not in HOP_HEADERS:
             response[key] = value
     return response

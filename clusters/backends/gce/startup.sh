@@ -370,7 +370,7 @@ case "$ROLE" in
     daemon tcc-agent python3 /run/tcc/agent.py --home "$SHARED" --key-file /run/tcc/agent.key \
       --listen "$ip:$AGENT_PORT" --slurm-conf /etc/slurm/slurm.conf \
       --tls-bundle /run/tcc/tls.pem --slurmrestd-relay "$ip:$SLURMRESTD_PORT=/run/tcc-slurmrestd/slurmrestd.sock" \
-      --tensorboard-python "$NODE_PYTHON" --tensorboard-host "$ip" --account-prefix "$ACCOUNT_PREFIX"
+      --tensorboard-python "$NODE_PYTHON" --account-prefix "$ACCOUNT_PREFIX"
     daemon tcc-conf-watch bash /run/tcc/startup.sh watch-conf
     # "done" means the console can reach the controller: both of its doors answer.
     listening "$ip" "$SLURMRESTD_PORT" || fail "slurmrestd is not listening on $SLURMRESTD_PORT (see /var/log/tcc-slurmrestd.log)"

@@ -128,7 +128,7 @@ def start_agent(cluster, paths):
     argv = [sys.executable, server.__file__, "--home", str(paths.jobs), "--key-file", str(paths.agent_key),
             "--listen", f"127.0.0.1:{port}", "--tensorboard-python", sys.executable,
             "--slurm-conf", str(paths.conf), "--account-prefix", settings.POSIX_ACCOUNT_PREFIX,
-            "--tls-bundle", str(paths.tls_bundle),
+            "--tls-bundle", str(paths.tls_bundle), "--tensorboard-socket-dir", str(paths.tensorboard),
             "--slurmrestd-relay", f"127.0.0.1:{ports['slurmrestd']}={paths.slurmrestd_socket}"]  # fmt: skip
     running = agent_processes(paths)
     if running and all(line == argv for line in running.values()):

@@ -55,6 +55,11 @@ class ClusterPaths:
         return self.run / "slurmrestd.sock"
 
     @property
+    def tensorboard(self):
+        """TensorBoard's socket folder (nobody's, 0700; the agent makes it): only the agent relays to it."""
+        return self.root / "tensorboard"
+
+    @property
     def munge_dir(self):
         return self.root / "munge"
 
@@ -136,7 +141,7 @@ def prepare(paths, group):
         raise PermanentBackendError(
             f"LOCAL_CLUSTERS_DIR must be reachable by every user; {blocked[0]} is not (chmod o+x)"
         )
-    if max(len(str(paths.munge_socket)), len(str(paths.slurmrestd_socket))) > 100:
+    if max(len(str(p)) for p in (paths.munge_socket, paths.slurmrestd_socket, paths.tensorboard / "tb.sock")) > 100:
         raise PermanentBackendError(
             f"LOCAL_CLUSTERS_DIR is too deep for munge's socket ({paths.munge_socket}); choose a shorter path"
         )
