@@ -368,6 +368,10 @@ LOCAL_MAX_NODES = envint("LOCAL_MAX_NODES", 16)
 POSIX_ACCOUNT_PREFIX = env("POSIX_ACCOUNT_PREFIX", "tcc-")
 LOCAL_PORT_RANGE = (envint("LOCAL_PORT_MIN", 20000), envint("LOCAL_PORT_MAX", 40000))
 LOCAL_NODE_IDLE_TIMEOUT = envfloat("LOCAL_NODE_IDLE_TIMEOUT", 60)
+# The ports serving replicas listen on (recipes/node/serve.py --ports), on every backend: gce opens exactly
+# this range of the compute nodes to the console's router (GCE_CONSOLE_RANGES). Outside LOCAL_PORT_RANGE
+# and Slurm's own ports (6817-6821).
+SERVING_REPLICA_PORTS = (envint("SERVING_REPLICA_PORT_MIN", 18000), envint("SERVING_REPLICA_PORT_MAX", 18999))
 # Seconds to pause before each slurmd start; only tests set it, to stop a worker mid-provisioning.
 LOCAL_NODE_START_DELAY = envfloat("LOCAL_NODE_START_DELAY", 0)
 

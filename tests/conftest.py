@@ -572,10 +572,12 @@ def replica(tmp_path_factory):
     token.chmod(0o600)
     process = subprocess.Popen(
         [sys.executable, "-m", "recipes.node.serve", "--model", str(model), "--served-name", "chat",
-         "--version", "tiny:v1", "--announce", str(announce), "--token-file", str(token)],
+         "--version", "tiny:v1", "--announce", str(announce), "--token-file", str(token), "--ports", "18000-18999"],
         stdout=subprocess.DEVNULL, stderr=(folder / "serve.log").open("w"),
     )  # fmt: skip
     wait_until(announce.exists, timeout=60, message="the replica to announce itself")
-    yield f"http://127.0.0.1:{json.loads(announce.read_text())['port']}"
+    port = json.loads(announce.read_text())["port"]
+    assert 18000 <= port <= 18999  # in the range it was given
+    yield f"http://127.0.0.1:{port}"
     process.terminate()
     process.wait(timeout=20)

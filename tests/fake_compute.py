@@ -24,6 +24,7 @@ next N requests matching a method and a path pattern. Every request is counted i
 
 import copy
 import hashlib
+import ipaddress
 import json
 import re
 import threading
@@ -343,6 +344,13 @@ class FakeGoogleCloud:
         )
 
     def _compute(self, method, path, query, body, injection):
+        status, payload = self._compute_resource(method, path, query, body, injection)
+        match = COMPUTE.match(path)
+        if self.vpc is not None and method != "GET" and status < 300 and match["rest"].startswith("firewalls"):
+            self._refresh_firewalls()
+        return status, payload
+
+    def _compute_resource(self, method, path, query, body, injection):
         match = COMPUTE.match(path)
         if not match:
             return 404, http_error(404, "not found")
@@ -561,6 +569,38 @@ class FakeGoogleCloud:
         script = metadata_items(instance).get("startup-script", "")
         address = instance["networkInterfaces"][0]["networkIP"]
         self._vm_change("boot", instance["name"], address, self.metadata_host, script)
+        self._vm_change("firewall", instance["name"], self._console_ports(instance))
+
+    def _refresh_firewalls(self):
+        """Every VM's admitted ports again, after a firewall rule came or went."""
+        for key in self.instances():
+            self._vm_change("firewall", key.rsplit("/", 1)[1], self._console_ports(self.resources[key]))
+
+    def _console_ports(self, instance):
+        """The TCP port ranges of `instance` that the console (the VPC's gateway) may connect to: those the
+        ingress allow rules of its network admit from a source range holding the gateway's address, for its
+        tags (a rule without target tags applies to every instance of the network). Deny rules and
+        priorities are not modelled: the console makes allow rules only."""
+        network = network_id(instance["networkInterfaces"][0].get("network", ""))
+        tags = set((instance.get("tags") or {}).get("items", []))
+        gateway = ipaddress.ip_address(self.vpc.gateway)
+        ports = []
+        for key, rule in self.resources.items():
+            if "/global/firewalls/" not in key or network_id(rule.get("network", "")) != network:
+                continue
+            if rule.get("direction", "INGRESS") != "INGRESS" or rule.get("disabled"):
+                continue
+            if not any(gateway in ipaddress.ip_network(r, strict=False) for r in rule.get("sourceRanges", [])):
+                continue
+            if rule.get("targetTags") and not tags & set(rule["targetTags"]):
+                continue
+            for allowed in rule.get("allowed", []):
+                if allowed.get("IPProtocol") not in ("tcp", "all", "6"):
+                    continue
+                for port in allowed.get("ports") or ["1-65535"]:
+                    low, _, high = port.partition("-")
+                    ports.append((int(low), int(high or low)))
+        return sorted(ports)
 
     def metadata(self, path, query, client, flavor):
         """The metadata server, as the VM at address `client` sees it: (status, text, etag)."""
@@ -962,3 +1002,9 @@ def page(items, query):
     if start + size < len(items):
         body["nextPageToken"] = str(start + size)
     return body
+
+
+def network_id(url):
+    """projects/P/global/networks/N of a network's URL or partial path ("" when it names none)."""
+    found = re.search(r"projects/[^/]+/global/networks/[^/]+", url or "")
+    return found.group(0) if found else ""

@@ -148,6 +148,26 @@ class VPC:
             vm.boot(metadata_host, script)
             return vm
 
+    def firewall(self, name, ports):
+        """Admit the console's new TCP connections (from the gateway: this machine) to the VM at `ports`
+        ([(low, high)]) and drop every other, as Google's implied deny-ingress rule does to what no firewall
+        rule allows (https://cloud.google.com/firewall/docs/firewalls#default_firewall_rules). Only
+        connection starts are judged (--syn): answers to the VM's own requests (the metadata server's) pass."""
+        with self.lock:
+            vm = self.vms.get(name)
+            if vm is None:
+                return
+            ns = ["ip", "netns", "exec", vm.netns, "iptables"]
+            subprocess.run([*ns, "-N", "TCC-FIREWALL"], capture_output=True)  # exists after the first time
+            subprocess.run([*ns, "-F", "TCC-FIREWALL"], check=True, capture_output=True)
+            jump = ["INPUT", "-s", self.gateway, "-p", "tcp", "--syn", "-j", "TCC-FIREWALL"]
+            if subprocess.run([*ns, "-C", *jump], capture_output=True).returncode != 0:
+                subprocess.run([*ns, "-I", *jump], check=True, capture_output=True)
+            for low, high in ports:
+                subprocess.run([*ns, "-A", "TCC-FIREWALL", "-p", "tcp", "--dport", f"{low}:{high}", "-j", "ACCEPT"],
+                               check=True, capture_output=True)  # fmt: skip
+            subprocess.run([*ns, "-A", "TCC-FIREWALL", "-j", "DROP"], check=True, capture_output=True)
+
     def halt(self, name):
         with self.lock:
             if name in self.vms:

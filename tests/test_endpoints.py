@@ -598,7 +598,7 @@ def test_a_replica_is_reached_where_slurm_runs_its_job_never_where_its_announce_
     endpoint = Endpoint.objects.create(project=alpha, cluster=cluster, name="chat", model_name="llama", version=1)
     replica = Replica.objects.create(endpoint=endpoint, version=version, version_ref="llama:v1", slurm_job_id=77,
                                      folder="endpoints/x/replica-1")  # fmt: skip
-    announce = {"host": "169.254.169.254", "port": 41000, "version": "llama:v1"}
+    announce = {"host": "169.254.169.254", "port": 18400, "version": "llama:v1"}
     monkeypatch.setattr(services, "read_file", lambda cluster, path: json.dumps(announce).encode())
     running_on = {"nodes": ""}
     scripted.job_status = lambda cluster, job_id: JobStatus(job_id=job_id, name="serve", user="alice", state="RUNNING",
@@ -608,12 +608,13 @@ def test_a_replica_is_reached_where_slurm_runs_its_job_never_where_its_announce_
     running_on["nodes"] = "cpu-1"
     replicas.follow(replica)
     stored = Replica.objects.get(pk=replica.pk)
-    assert (stored.host, stored.port, stored.node) == ("10.9.0.1", 41000, "cpu-1")  # the node tells replicas apart
-    announce["port"] = 22
-    stored.host = ""
-    stored.save()
-    replicas.follow(stored)
-    assert Replica.objects.get(pk=replica.pk).host == ""  # a port below 1024 is no replica's
+    assert (stored.host, stored.port, stored.node) == ("10.9.0.1", 18400, "cpu-1")  # the node tells replicas apart
+    for port in (22, 41000):  # no replica's: outside SERVING_REPLICA_PORTS, the range gce's firewall opens
+        announce["port"] = port
+        stored.host = ""
+        stored.save()
+        replicas.follow(stored)
+        assert Replica.objects.get(pk=replica.pk).host == ""
 
 
 class Saying(threading.Thread):

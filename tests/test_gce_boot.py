@@ -22,6 +22,7 @@ from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Cluster, Operation
 from clusters.operations import engine
 from clusters.slurm.rest import SlurmEndpoint, SlurmRest
+from clusters.work import TransientBackendError
 
 from .conftest import api_client_for, gce_spec, module_cluster, submit_through_slurmrestd, wait_until
 from .factories import exchange, leaks
@@ -192,6 +193,37 @@ def test_a_member_who_leaves_leaves_the_projects_group_on_every_node(cluster, fa
     for node in ("ctl", "cpu-0", "cpu-1", "login-0"):
         wait_until(lambda node=node: account(f"{prefix}-{node}")[0] == account(f"{prefix}-{node}")[2] is not None,
                    timeout=15, message=f"greta's account to leave the project's group on {node}")  # fmt: skip
+
+
+def test_the_console_reaches_the_controller_through_the_firewall_rule_it_made_and_no_other_way(cluster, fake):
+    """The fake VPC drops the console's connections that no firewall rule of the cluster's network admits, as
+    Google's implied deny-ingress rule does: the console's rule (its ranges, the controller's tag, the two
+    ports) is what opens the doors, and without it nothing answers."""
+    named = names("glab", "train")
+    rule = f"{fake.endpoint}/compute/v1/projects/tcc-test/global/firewalls/{named.firewall_console}"
+
+    def send(method, url, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.loads(answer.read())
+
+    saved = send("GET", rule)
+    assert saved["sourceRanges"] == [f"{fake.vpc.subnet}.0/24"] and saved["allowed"][0]["ports"] == ["6820", "6821"]
+    serving = send(
+        "GET", rule.replace(names("glab", "train").firewall_console, names("glab", "train").firewall_serving)
+    )
+    assert serving["targetTags"] == [f"{names('glab', 'train').prefix}-compute"]  # the router to replicas' ports
+    assert serving["allowed"] == [{"IPProtocol": "tcp", "ports": ["18000-18999"]}]
+    endpoint = backend().agent_endpoint(cluster)
+    send("DELETE", rule)
+    try:
+        with pytest.raises(TransientBackendError, match="not answering"):
+            AgentClient(endpoint, timeout=3).stat(".")
+    finally:
+        send("POST", rule.rsplit("/", 1)[0], {k: v for k, v in saved.items() if k not in ("selfLink", "kind", "id")})
+    assert AgentClient(endpoint, timeout=10).stat(".")["exists"]
+    assert {n.name for n in SlurmRest(backend().slurm_endpoint(cluster)).nodes()} == {"cpu-0", "cpu-1"}
 
 
 def test_the_controllers_doors_listen_on_its_internal_address_only(cluster, fake):

@@ -36,6 +36,7 @@ import argparse
 import hmac
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -449,9 +450,29 @@ def bind_address(bind):
     return "0.0.0.0"
 
 
-def free_port(host="0.0.0.0"):
-    with socket.socket() as probe:
-        probe.bind((host, 0))
+def bind_in(host, ports):
+    """A TCP socket bound to `host` on a free port of `ports` ("LOW-HIGH"; "" for any): the range the cluster's
+    firewall opens to the console's router (gce: a rule per cluster for exactly this range)."""
+    if not ports:
+        candidates = [0]
+    else:
+        low, _, high = ports.partition("-")
+        candidates = list(range(int(low), int(high or low) + 1))
+        random.shuffle(candidates)  # replicas starting together on one node do not all try the same first
+    for port in candidates:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            return sock
+        except OSError:
+            sock.close()
+    raise SystemExit(f"[serve] no free port in {ports} on {host}")
+
+
+def free_port(host="0.0.0.0", ports=""):
+    """A port of `ports` free now (vLLM binds it itself a moment later)."""
+    with bind_in(host, ports) as probe:
         return probe.getsockname()[1]
 
 
@@ -501,7 +522,7 @@ def serve_vllm(args, timeout=1800):
     the engine first. vLLM's answers do not name the version: the router adds X-Model-Version from its
     table."""
     host = bind_address(args.bind)
-    port = free_port(host)
+    port = free_port(host, args.ports)
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
                "--served-model-name", args.served_name, "--host", host, "--port", str(port),
                "--tensor-parallel-size", str(args.gpus), "--dtype", "bfloat16"]  # fmt: skip
@@ -549,13 +570,19 @@ def main(argv=None):
     parser.add_argument("--token-file", help="a file (0600) holding the bearer token the router sends")
     parser.add_argument("--bind", default="", help='"node": Slurm\'s address for this node alone; an address; '
                         'default every address')  # fmt: skip
+    parser.add_argument("--ports", default="", help='"LOW-HIGH": listen on a free port of this range (default any)')
     args = parser.parse_args(argv)
     args.token = Path(args.token_file).read_text().strip() if args.token_file else ""
     if args.engine == "vllm":
         return serve_vllm(args)
     model = Model(args.model, args.served_name, args.version, args.threads)
     host = bind_address(args.bind)
-    server = ThreadingHTTPServer((host, 0), handler_for(model, args.token))
+    server = ThreadingHTTPServer((host, 0), handler_for(model, args.token), bind_and_activate=False)
+    server.socket.close()
+    server.socket = bind_in(host, args.ports)  # already bound: the port is taken from the range, not 0
+    server.server_address = server.socket.getsockname()
+    server.server_name, server.server_port = host, server.server_address[1]  # what server_bind would set
+    server.server_activate()
     server.daemon_threads = True
     announce(args.announce, server.server_address[1], args.version, host)
     server.serve_forever()

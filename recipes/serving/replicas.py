@@ -43,7 +43,8 @@ def replica_script(endpoint, replica, staged, runtime):
     command = [
         runtime.python, "-m", "recipes.node.serve", "--model", f"{home}/{staged}", "--served-name", endpoint.name,
         "--version", replica.version_ref, "--announce", f"{folder}/announce.json",
-        "--token-file", f"{folder}/token", "--bind", "node", *engine,
+        "--token-file", f"{folder}/token", "--bind", "node", "--ports", "{}-{}".format(*settings.SERVING_REPLICA_PORTS),
+        *engine,
     ]  # fmt: skip
     return batch.render(
         {
@@ -192,8 +193,9 @@ def announced_at(replica):
     local backend's, share an address: the node tells the replicas apart)."""
     raw = clusters.read_file(replica.endpoint.cluster, f"{replica.folder}/announce.json")
     port = json.loads(raw)["port"]
-    if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
-        raise ValueError(f"replica {replica.pk} announced port {port!r}")
+    low, high = settings.SERVING_REPLICA_PORTS
+    if isinstance(port, bool) or not isinstance(port, int) or not low <= port <= high:
+        raise ValueError(f"replica {replica.pk} announced port {port!r}, outside {low}-{high}")
     node, host = clusters.job_node(replica.endpoint.cluster, replica.slurm_job_id)
     return (host, port, node) if host else (None, None, None)
 

@@ -52,6 +52,12 @@ class Names:
         return f"{self.prefix}-console"
 
     @property
+    def firewall_serving(self):
+        """Admits the console's router (GCE_CONSOLE_RANGES) to the compute nodes' serving replicas'
+        ports (SERVING_REPLICA_PORTS)."""
+        return f"{self.prefix}-serving"
+
+    @property
     def console_peering(self):
         return f"{self.prefix}-console-peering"
 

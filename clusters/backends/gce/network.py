@@ -173,18 +173,22 @@ def create_firewalls(cloud):
                 "GCE_CONSOLE_RANGES is empty: set it to the addresses the console's workers reach the clusters "
                 "from (their subnet), or GCE_REACH_CLUSTERS=false for a console that only provisions"
             )
-        ports = [str(settings.GCE_SLURMRESTD_PORT), str(settings.GCE_AGENT_PORT)]
-        rules.append(
-            compute_v1.Firewall(
-                name=cloud.n.firewall_console,
-                network=cloud.network_url,
-                # The console's workers only, to the controller's two doors only.
-                source_ranges=settings.GCE_CONSOLE_RANGES,
-                target_tags=[f"{cloud.n.prefix}-controller"],
-                allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=ports)],
-                description=cloud.description,
+        # The console's workers only (GCE_CONSOLE_RANGES): to the controller's two doors, and the router to
+        # the compute nodes' serving replicas on their port range.
+        doors = [str(settings.GCE_SLURMRESTD_PORT), str(settings.GCE_AGENT_PORT)]
+        replicas = ["{}-{}".format(*settings.SERVING_REPLICA_PORTS)]
+        for name, role, ports in ((cloud.n.firewall_console, "controller", doors),
+                                  (cloud.n.firewall_serving, "compute", replicas)):  # fmt: skip
+            rules.append(
+                compute_v1.Firewall(
+                    name=name,
+                    network=cloud.network_url,
+                    source_ranges=settings.GCE_CONSOLE_RANGES,
+                    target_tags=[f"{cloud.n.prefix}-{role}"],
+                    allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=ports)],
+                    description=cloud.description,
+                )
             )
-        )
     for rule in rules:
         cloud.ensure(
             f"firewall rule {rule.name}",
@@ -279,7 +283,7 @@ def await_networking(cloud, operation, what):
 
 
 def delete_firewalls(cloud):
-    for name in (cloud.n.firewall_console, cloud.n.firewall_ssh, cloud.n.firewall_internal):
+    for name in (cloud.n.firewall_serving, cloud.n.firewall_console, cloud.n.firewall_ssh, cloud.n.firewall_internal):
         cloud.remove(
             f"firewall rule {name}",
             lambda n=name: cloud.c.firewalls.get(project=cloud.project, firewall=n),
