@@ -185,9 +185,10 @@ def start_slurmrestd(cluster, paths):
     Only the slurm/v0.0.38 plugin is loaded: the slurmdb ones refuse to start without slurmdbd.
     """
     running = processes.find_pids("slurmrestd", str(paths.conf))
-    if running and cluster.backend_state.get("slurmrestd_conf") == conf.digest(paths):
-        return
     socket_path = paths.slurmrestd_socket
+    # One started before TLS listens on a TCP port, not the socket: replaced at the cluster's next apply.
+    if running and cluster.backend_state.get("slurmrestd_conf") == conf.digest(paths) and socket_answers(socket_path):
+        return
     argv = [processes.program("slurmrestd"), "-f", str(paths.conf), "-a", "rest_auth/jwt", "-s", "openapi/v0.0.38",
             "-u", SLURMRESTD_USER, f"unix:{socket_path}"]  # fmt: skip
     env = {"SLURM_JWT": "daemon", "SLURM_CONF": str(paths.conf), "PATH": "/usr/bin:/bin"}
