@@ -12,7 +12,7 @@ that answers in the controller's place, learns nothing.
 The name on the certificate is not checked (`check_hostname` off): the controller's address is known
 only after its VM exists, and a CA that signs exactly one certificate already says which server it is.
 
-slurmrestd 22.05 has no TLS of its own: it listens on a Unix socket in a root-only folder, and the agent
+slurmrestd 22.05 has no TLS of its own: it listens on a Unix socket in its own account's 0700 folder, and the agent
 relays TLS connections to it (clusters/agent/server.py, --slurmrestd-relay).
 """
 

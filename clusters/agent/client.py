@@ -39,6 +39,15 @@ class AgentRefused(PermanentBackendError):
         self.status = status
 
 
+def refusal(exc, what):
+    """The AgentRefused for the agent's error answer `exc` (its JSON {"error": ...}) to a request for `what`."""
+    try:
+        message = json.loads(exc.read()).get("error", "")
+    except ValueError:
+        message = ""
+    return AgentRefused(exc.code, f"the cluster agent refused {what}: {message or exc.code}")
+
+
 class AgentClient:
     def __init__(self, endpoint, timeout=20):
         self.endpoint, self.timeout = endpoint, timeout
@@ -54,11 +63,7 @@ class AgentClient:
             with urllib.request.urlopen(request, timeout=self.timeout, context=context_for(self.endpoint)) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            try:
-                message = json.loads(exc.read()).get("error", "")
-            except ValueError:
-                message = ""
-            raise AgentRefused(exc.code, f"the cluster agent refused {operation}: {message or exc.code}") from None
+            raise refusal(exc, operation) from None
         except (OSError, ValueError) as exc:
             raise TransientBackendError(unreachable("the cluster agent", exc)) from None
 
@@ -97,11 +102,7 @@ class AgentClient:
                 return response.status, list(response.headers.items()), response.read()
         except urllib.error.HTTPError as exc:
             if exc.headers.get("X-Agent-Error"):
-                try:
-                    message = json.loads(exc.read()).get("error", "")
-                except ValueError:
-                    message = ""
-                raise AgentRefused(exc.code, f"the cluster agent refused TensorBoard: {message or exc.code}") from None
+                raise refusal(exc, "TensorBoard") from None
             return exc.code, list(exc.headers.items()), exc.read()
         except (OSError, ValueError) as exc:
             raise TransientBackendError(unreachable("the cluster agent", exc)) from None

@@ -741,6 +741,12 @@ def handler_for(home, key, tensorboard=None):
             except http.client.HTTPException as exc:  # TensorBoard answered something that is not HTTP
                 self.answer(HTTPStatus.BAD_GATEWAY, {"error": f"TensorBoard: {type(exc).__name__}"})
 
+        def read_body(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY:
+                raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request too large")
+            return self.rfile.read(length)
+
         def check_key(self):
             given = self.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), b"Bearer " + key):
@@ -755,10 +761,7 @@ def handler_for(home, key, tensorboard=None):
             prefix = self.headers.get("X-TensorBoard-Prefix", "")
             if not PATH_PREFIX.match(prefix):
                 raise bad("X-TensorBoard-Prefix must be /clusters/<project>/<cluster>/tensorboard")
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request too large")
-            body = self.rfile.read(length) if self.command == "POST" else None
+            body = self.read_body() if self.command == "POST" else None
             tensorboard.start(home, prefix)
             status, headers, data = tensorboard.request(
                 self.command, self.path.removeprefix("/tensorboard/"), body, self.headers.get("Content-Type")
@@ -776,11 +779,8 @@ def handler_for(home, key, tensorboard=None):
             name = self.path.removeprefix("/v1/")
             if not self.path.startswith("/v1/") or (name not in OPERATIONS and name != "tensorboard"):
                 raise Refused(HTTPStatus.NOT_FOUND, "unknown operation")
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                raise Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request too large")
             try:
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = json.loads(self.read_body() or b"{}")
             except ValueError:
                 raise bad("the body must be JSON") from None
             if not isinstance(body, dict):
@@ -834,7 +834,7 @@ class AgentServer(ThreadingHTTPServer):
 
 class SlurmrestdRelay:
     """TLS on `listen` (HOST:PORT), each connection relayed byte for byte to slurmrestd's Unix socket: slurmrestd
-    22.05 has no TLS, and on its socket (in a root-only folder) only the relay reaches it. One thread per
+    22.05 has no TLS, and on its socket (in its own account's 0700 folder) only the relay reaches it. One thread per
     connection reads and writes both sides (an SSL socket is never used by two threads at once)."""
 
     def __init__(self, listen, target, context):

@@ -38,11 +38,6 @@ def list_files(cluster, path, pattern="*"):
     return agent_call(cluster, "list", path, pattern)
 
 
-def tensorboard(cluster, path_prefix):
-    """Start the cluster's TensorBoard (over the home's runs folder) if need be."""
-    return agent_call(cluster, "tensorboard", path_prefix)
-
-
 def tensorboard_request(cluster, path_prefix, method, path, body=None, content_type=""):
     """(status, headers, body): the cluster's TensorBoard's answer, relayed by the agent (TensorBoard listens
     on a Unix socket on the controller that only the agent reaches); the console serves it behind its login."""

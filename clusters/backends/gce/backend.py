@@ -21,7 +21,6 @@ from pathlib import Path
 
 from django.conf import settings
 
-from ... import tls
 from ...choices import NodeState
 from ...slurm.states import NodeStatus
 from ...spec import pool_node_count
@@ -319,15 +318,15 @@ class GceBackend(Backend):
         return f"https://{address}:{port}"
 
     def slurm_endpoint(self, cluster):
-        """slurmrestd through the agent's TLS relay (slurmrestd itself listens on a root-only Unix socket)."""
+        """slurmrestd through the agent's TLS relay (slurmrestd itself listens on a Unix socket of its own)."""
         url = self.controller_url(cluster, settings.GCE_SLURMRESTD_PORT)
         cloud = Cloud(self, cluster)
-        return url and SlurmEndpoint(url, keys.read_key(cloud, "jwt"), tls.ca_of(keys.read_key(cloud, "tls")))
+        return url and SlurmEndpoint(url, keys.read_key(cloud, "jwt"), keys.cluster_ca(cloud))
 
     def agent_endpoint(self, cluster):
         url = self.controller_url(cluster, settings.GCE_AGENT_PORT)
         cloud = Cloud(self, cluster)
-        return url and AgentEndpoint(url, keys.read_key(cloud, "agent").hex(), tls.ca_of(keys.read_key(cloud, "tls")))
+        return url and AgentEndpoint(url, keys.read_key(cloud, "agent").hex(), keys.cluster_ca(cloud))
 
     def shared_dir(self, cluster):
         return slurm_conf.SHARED

@@ -106,6 +106,11 @@ def delete_keys(cloud):
             _cache.pop((cloud.c.endpoint, name, cloud.cluster.pk), None)
 
 
+def cluster_ca(cloud):
+    """The cluster's CA certificate (PEM), from the controller's TLS bundle: what the console pins."""
+    return tls.ca_of(read_key(cloud, "tls"))
+
+
 def read_key(cloud, kind):
     """The key's bytes, read once per console process (Secret Manager's access call)."""
     name = secret_name(cloud, kind)
