@@ -132,11 +132,11 @@ class Slow(threading.Thread):
         connection.recv(65536)
         time.sleep(self.seconds)
         body = b'{"object": "text_completion", "model": "chat", "choices": []}'
+        with self.lock:  # the request ends as its answer leaves: the router may send the next one at once
+            self.now -= 1
         connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                            + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)  # fmt: skip
         connection.close()
-        with self.lock:
-            self.now -= 1
 
 
 def test_past_its_replicas_room_and_queue_a_request_gets_429_with_retry_after_at_once(alpha, alice, settings):
