@@ -69,7 +69,7 @@ def test_it_frees_the_id_of_a_deleted_cluster(alice_api):
 
 def test_it_lets_bob_see_and_change_alices_cluster_in_their_project(alice_api, bob_api):
     create(alice_api)
-    assert bob_api.get(CLUSTERS).json()[0]["id"] == "demo"
+    assert bob_api.get(CLUSTERS).json()["results"][0]["id"] == "demo"
     provisioned(name="demo")
     response = bob_api.patch(f"{CLUSTERS}demo/", {"spec": example_spec(cpu=3)}, format="json")
     assert response.status_code == 202
@@ -229,8 +229,30 @@ def test_listing_clusters_reads_each_clusters_latest_operation_in_one_query(alic
     with django_assert_max_num_queries(10):  # it was 6 + one per cluster
         listed = alice_api.get(CLUSTERS)
     assert listed.status_code == 200
-    assert [c["latest_operation"]["kind"] for c in listed.json()] == ["CREATE"] * 12
-    assert all(c["latest_operation"]["cluster"] == c["id"] for c in listed.json())
+    assert [c["latest_operation"]["kind"] for c in listed.json()["results"]] == ["CREATE"] * 12
+    assert all(c["latest_operation"]["cluster"] == c["id"] for c in listed.json()["results"])
+
+
+def test_it_lists_a_projects_clusters_a_page_at_a_time_by_name(alice_api, django_assert_max_num_queries):
+    for n in (3, 0, 4, 1, 2):
+        assert create(alice_api, f"c{n}").status_code == 202
+    with django_assert_max_num_queries(10):
+        first = alice_api.get(CLUSTERS, {"limit": 2}).json()
+    assert (first["count"], [c["id"] for c in first["results"]]) == (5, ["c0", "c1"])
+    second = alice_api.get(first["next"]).json()
+    assert [c["id"] for c in second["results"]] == ["c2", "c3"]
+    assert all(c["latest_operation"]["kind"] == "CREATE" for c in second["results"])
+    last = alice_api.get(second["next"]).json()
+    assert ([c["id"] for c in last["results"]], last["next"]) == (["c4"], None)
+    assert len(alice_api.get(CLUSTERS).json()["results"]) == 5  # 100 to a page unless asked
+
+
+def test_it_answers_400_for_a_page_it_cannot_read(alice_api):
+    create(alice_api)
+    for query in ({"limit": "abc"}, {"limit": 0}, {"limit": 1001}, {"offset": -1}):
+        answer = alice_api.get(CLUSTERS, query)
+        assert answer.status_code == 400, query
+        assert set(answer.json()) == set(query)
 
 
 def test_a_token_records_its_last_use_to_the_minute_not_on_every_request(alice, alpha):

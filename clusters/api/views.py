@@ -77,11 +77,18 @@ class ProjectMember(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class ClusterList(APIView):
+class ClusterList(generics.GenericAPIView):
+    """A project's clusters by name, a page at a time (?limit, at most 1000, default 100; ?offset):
+    `{count, next, previous, results}` like every list of this API, so a project with thousands of
+    clusters costs one page per request."""
+
+    serializer_class = ClusterSerializer
+
     @extend_schema(responses=ClusterSerializer(many=True))
     def get(self, request, project):
         clusters = access.clusters(request.user).filter(project=access.project(request.user, project))
-        return Response(ClusterSerializer(services.with_latest_operations(clusters), many=True).data)
+        page = services.with_latest_operations(clusters, page=self.paginate_queryset)
+        return self.get_paginated_response(ClusterSerializer(page, many=True).data)
 
     @extend_schema(
         request=ClusterCreateSerializer,

@@ -122,11 +122,13 @@ def nodes_of(cluster):
     return cluster.nodes.select_related("node_pool").prefetch_related("node_pool__partitions")
 
 
-def with_latest_operations(clusters):
+def with_latest_operations(clusters, page=None):
     """The clusters (a queryset) as a list, each with its latest operation (Cluster.latest_operation)
-    read in two queries for all of them rather than one per cluster: what a list of clusters shows."""
+    read in two queries for all of them rather than one per cluster: what a list of clusters shows.
+    `page`, given, picks the part of the queryset to read (a paginator's paginate_queryset)."""
     latest = Operation.objects.filter(cluster=OuterRef("pk"), exclusive=True).order_by("-created").values("pk")[:1]
-    found = list(clusters.select_related("project").prefetch_related("node_pools").annotate(latest_pk=Subquery(latest)))
+    clusters = clusters.select_related("project").prefetch_related("node_pools").annotate(latest_pk=Subquery(latest))
+    found = list(page(clusters) if page else clusters)
     operations = Operation.objects.in_bulk([c.latest_pk for c in found if c.latest_pk])
     for cluster in found:
         operation = operations.get(cluster.latest_pk)
