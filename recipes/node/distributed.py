@@ -126,12 +126,13 @@ def parallelize(model, layout, mixed_precision, activation_checkpointing, strate
     return model
 
 
-def materialise(model, device, hf_folder=None):
+def materialise(model, device, hf_folder=None, fill=True):
     """Storage for a model built on the meta device and sharded (parallelize): each rank allocates only
     its own shards, then fills them: from a Hugging Face folder's safetensors, each rank reading only
     the slices of its shards (DCP's HuggingFaceStorageReader), or with the model's initialisation
     drawn per shard. A 70B or 405B never exists whole on any rank or host. Non-persistent buffers (the
-    rotary embedding's frequencies) are computed again on the device."""
+    rotary embedding's frequencies) are computed again on the device. fill=False leaves the weights
+    unfilled (recipes/node/memory.py traces a step on fake tensors, which hold no values)."""
     import torch
 
     tied = model.config.tie_word_embeddings and model.get_output_embeddings() is not None
@@ -141,7 +142,7 @@ def materialise(model, device, hf_folder=None):
     with torch.no_grad():
         if hf_folder is not None:
             load_hf(model, hf_folder)
-        else:
+        elif fill:
             initialise(model)
         recompute_buffers(model, device)
     return model
@@ -217,8 +218,10 @@ def clip_grad_norm(parameters, max_norm):
         total = total + squares
     norm = total.sqrt()
     scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    # A DTensor takes a Python number, not a plain tensor: one device sync per step, not one per gradient.
+    number = scale.item() if any(isinstance(grad, DTensor) for grad in grads) else None
     for grad in grads:
-        grad.mul_(scale.to(grad.dtype) if not isinstance(grad, DTensor) else scale.item())
+        grad.mul_(number if isinstance(grad, DTensor) else scale.to(grad.dtype))
     return norm
 
 

@@ -1,20 +1,34 @@
 """Will it fit? The memory one GPU needs to train a recipe on a layout, before anything is submitted.
 
 Per GPU, with FSDP2 over the data-parallel ranks and tensor parallelism inside each decoder layer (the
-layout recipes/distributed.py builds; pipeline stages fold into data parallelism):
+layout recipes/node/distributed.py builds; pipeline stages fold into data parallelism), bf16 compute:
 
 - model states, sharded over dp (the decoder layers' weights over tp as well): fp32 master weights
-  (4 bytes), fp32 gradients (4) and AdamW's two moments (8): 16 bytes per parameter;
-- gathered for compute: the bf16 weights and gradients of two decoder layers at a time (FSDP prefetches
-  the next) and of the embedding and output layers;
-- activations: with activation checkpointing each layer keeps its bf16 input (b x s x h x 2 bytes) and
-  one layer at a time recomputes its working set, b x s x h x (10 + 24 / tp) bytes (Korthikanti et al.,
-  "Reducing Activation Recomputation in Large Transformer Models", 2022, table 2, without the s^2
-  attention term that flash attention does not keep); without checkpointing every layer keeps it;
-- the logits: b x s x vocabulary x 10 bytes (bf16 logits, their fp32 copy for the loss, its gradient),
-  or b x loss_chunk x vocabulary x 10 when the profile computes the loss loss_chunk positions at a
-  time (the full profiles: recipes/node/train.py chunked_loss);
+  (4 bytes), fp32 gradients (4) and AdamW's two moments (8): 16 bytes per parameter (the fused AdamW
+  train.py uses on GPUs adds no temporaries at the step);
+- gathered weights: the bf16 weights of the model's outer group (embeddings, output layer, final norm:
+  kept gathered from the forward to the backward) and of two decoder layers (the one computing and the
+  one FSDP prefetches);
+- the output layer's bf16 gradient, which waits for the end of the backward pass;
+- activations: with activation checkpointing each layer keeps its bf16 input (b x s x h x 2 bytes);
+  without it every layer keeps its whole working set;
+- the working set, the larger of one layer's backward and the loss. A layer's backward recomputes its
+  activations, b x s x h x (10 + 24 / tp) bytes (Korthikanti et al., "Reducing Activation Recomputation
+  in Large Transformer Models", 2022, table 2, without the s^2 attention term that SDPA's fused kernels
+  do not keep), and holds its unsharded bf16 gradients and their fp32 copy for the reduce-scatter (6
+  bytes per parameter of the layer). The loss, computed before any layer's backward, is that of one
+  chunk of loss_chunk positions (b x chunk x vocabulary x 14 bytes: the bf16 logits, their fp32 copy
+  and softmax, the gradients) with the gradient of the hidden states (b x s x h x 4);
+- attention that keeps its scores: Gemma 2's logit softcap is not something SDPA takes, so transformers
+  runs it with eager attention, which holds b x heads / tp x s^2 scores through the softcap, the mask,
+  the fp32 softmax and their gradients: 15 bytes per score, in the layer's working set;
 - 2 GB for the CUDA context and communication buffers, and 10% for the allocator's fragmentation.
+
+The byte counts per element (14 for the loss, 15 per attention score) and the parts above are checked
+against torch's own accounting: tests/test_full_profiles.py traces a training step of every pretraining,
+continued-pretraining and SFT profile at its layout (fake tensors and a fake process group: nothing is
+allocated) under torch.distributed._tools' FSDPMemTracker and asserts this estimate is within 20% of its
+peak; benchmarks/fit_memory.py prints both at full depth (docs/recipes.md has the figures).
 
 The GPUs' memory and peak throughput come from clusters/data/accelerators.json (with its sources).
 """
@@ -28,6 +42,8 @@ from ..catalog import HARDWARE
 GB = 1e9
 CONTEXT_BYTES = 2 * GB
 FRAGMENTATION = 0.10
+LOGIT_BYTES = 14  # per logit of a loss chunk, forward and backward
+SCORE_BYTES = 15  # per attention score of eager attention, forward and backward
 
 
 @cache
@@ -105,14 +121,22 @@ def estimate(shape, family, *, tensor, data, micro_batch, seq_len, accelerator_t
     """Bytes per GPU for training `shape` with tensor x data ranks at micro_batch x seq_len tokens."""
     p = parameters(shape, family)
     h, vocab = shape["hidden_size"], shape.get("vocab_size", 260)
+    head = vocab * h  # the output layer (tied or not, its gradient is vocab x h)
     sharded = (p.per_layer * p.layers / tensor + p.outer) / data
     tokens = micro_batch * seq_len
     layer_working = tokens * h * (10 + 24 / tensor)
+    if shape.get("attn_logit_softcapping"):  # eager attention: the scores exist
+        layer_working += SCORE_BYTES * micro_batch * shape["heads"] / tensor * seq_len**2
+    # A layer's backward also holds its gradients on their way to the reduce-scatter; the loss comes
+    # before any layer's backward.
+    layer_backward = layer_working + 6 * p.per_layer / tensor
+    loss_working = micro_batch * min(seq_len, shape.get("loss_chunk") or seq_len) * vocab * LOGIT_BYTES + tokens * h * 4
     parts = {
         "model states": 16 * sharded,
-        "gathered weights and gradients": 2 * 2 * (2 * p.per_layer / tensor + p.outer),
-        "activations": p.layers * tokens * h * 2 + layer_working if checkpointing else p.layers * layer_working,
-        "logits": micro_batch * min(seq_len, shape.get("loss_chunk") or seq_len) * vocab * 10,
+        "gathered weights": 2 * (2 * p.per_layer / tensor + p.outer),
+        "output layer's gradient": 2 * head,
+        "activations": p.layers * tokens * h * 2 if checkpointing else p.layers * layer_working,
+        "working set": max(layer_backward, loss_working),
     }
     parts["context and fragmentation"] = CONTEXT_BYTES + FRAGMENTATION * sum(parts.values())
     found = gpu(accelerator_type)
