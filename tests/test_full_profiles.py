@@ -104,13 +104,20 @@ def test_every_collective_of_a_layout_takes_tensors_on_the_layouts_device(monkey
         seen.append(tensor.device)
         raise Reached  # the meta tensor cannot be read back; the device at the call is what counts
 
+    def gather(found, tensor, *args, **kwargs):
+        seen.extend(part.device for part in [*found, tensor])
+        raise Reached
+
     monkeypatch.setattr(torch.distributed, "all_reduce", collective)
+    monkeypatch.setattr(torch.distributed, "all_gather", gather)
     layout = distributed.Layout(rank=0, world=4, local_rank=0, tp=2, dp=2, dp_rank=0, mesh=Mesh(), device="meta")
     with pytest.raises(Reached):
         layout.max(1.5)
     with pytest.raises(Reached):
         layout.dp_sum(torch.zeros((), device=layout.device))
-    assert seen == [torch.device("meta")] * 2
+    with pytest.raises(Reached):
+        layout.gather(2.5)  # the probe's timings (recipes/node/train.py)
+    assert seen == [torch.device("meta")] * (2 + 5)
 
 
 # -- the sharded build, run as the nodes run it (torchrun, gloo ranks on this machine) ---------------

@@ -96,6 +96,46 @@ def test_a_run_that_slows_to_under_half_its_pace_alerts_and_a_steady_one_does_no
     assert run.alerts["slow"]["message"] == "0.25 steps/s between its last two metrics lines, 25% of its median"
 
 
+def probed(step, ms, nodes=("cpu-0", "cpu-0", "cpu-1", "cpu-1")):
+    return {**line(step), "probe": {"ms": list(ms), "nodes": list(nodes)}}
+
+
+def test_a_rank_slower_than_the_others_in_three_probes_running_names_its_node(run):
+    steady = [probed(s, [5.0, 5.2, 4.9, 5.1]) for s in (10, 20, 30)]
+    assert alerts.watch(run, logged(run, *steady)) == []
+    # cpu-1's second rank slows down: twice, then a normal probe, then three times in a row.
+    assert alerts.watch(run, logged(run, probed(40, [5.0, 5.1, 5.0, 12.0]), probed(50, [5.0, 5.1, 5.0, 11.0]))) == []
+    assert alerts.watch(run, logged(run, probed(60, [5.0, 5.1, 5.0, 5.3]))) == []  # one normal probe: no alert
+    for step in (70, 80):
+        assert alerts.watch(run, logged(run, probed(step, [5.0, 5.1, 5.0, 12.0]))) == []
+    assert alerts.watch(run, logged(run, probed(90, [5.0, 5.2, 4.8, 15.0]))) == [alerts.STRAGGLER]
+    message = run.alerts["straggler"]["message"]
+    assert message.startswith("rank 3 on cpu-1 takes 3.0x as long as the other ranks for the same work (15.0 ms")
+    event = run.cluster.events.get(message__contains="rank 3 on cpu-1")
+    assert (event.node, event.level) == ("cpu-1", "WARNING")
+    assert alerts.watch(run, logged(run, probed(100, [5.0, 5.1, 5.0, 12.0]))) == []  # once
+
+
+def test_with_two_ranks_the_slow_one_is_measured_against_the_other(run):
+    lines = [probed(s, [4.0, 9.0], nodes=("a3-0", "a3-1")) for s in (10, 20, 30)]
+    assert alerts.watch(run, logged(run, *lines)) == [alerts.STRAGGLER]
+    assert "rank 1 on a3-1 takes 2.2x" in run.alerts["straggler"]["message"]
+
+
+def test_a_slowdown_names_the_slowest_rank_when_the_probes_found_one(run):
+    logged(run, *(probed(s, [5.0, 5.0, 5.0, 5.0]) for s in range(1, 8)))
+    logged(run, *(probed(s, [5.0, 5.0, 5.0, 20.0]) for s in (8, 9)))
+    slow = logged(run, {**probed(10, [5.0, 5.0, 5.0, 20.0]), "time": line(9)["time"] + 4.0})
+    assert set(alerts.watch(run, slow)) == {alerts.SLOW, alerts.STRAGGLER}
+    assert run.alerts["slow"]["message"].endswith("of its median; the slowest rank is 3 on cpu-1")
+
+
+def test_probes_without_nodes_or_with_a_broken_value_raise_nothing(run):
+    broken = [{**line(s), "probe": {"ms": [5.0, None], "nodes": ["a", "b"]}} for s in (1, 2, 3)]
+    assert alerts.watch(run, logged(run, *broken)) == []
+    assert alerts.slow_ranks({"ms": [5.0, 50.0]}) == []  # no nodes: nothing to name
+
+
 def test_a_finished_run_raises_nothing(run):
     Run.objects.filter(pk=run.pk).update(status=RunStatus.COMPLETED)
     run.refresh_from_db()

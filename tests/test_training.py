@@ -362,3 +362,57 @@ def test_each_epoch_reads_every_sequence_once_in_an_order_of_its_own():
     rows = [int(x[0]) // 8 for _ in range(4) for x in next(stream)[1]]  # 4 batches of 5: two epochs
     first, second = rows[:10], rows[10:]
     assert sorted(first) == sorted(second) == list(range(10)) and first != second
+
+
+def test_a_rank_on_a_slowed_node_shows_in_the_probe_each_rank_logs(tmp_path):
+    """Rank 1 is throttled from outside (stopped 4 ms of every 5, as a busy or throttled node is):
+    every rank's step takes as long, since each collective waits for it, but the probe of the same local
+    work on each rank (distributed.Probe) is slower on rank 1 only, and rank 0 logs it with the nodes."""
+    import contextlib
+    import os
+    import signal
+    import socket
+    import threading
+    import time
+
+    from clusters import processes
+
+    folder = config(tmp_path / "run", tensor=1, steps=8, probe_every=1, checkpoint_every=8, log_every=8)
+    done = threading.Event()
+
+    def throttle():
+        with contextlib.suppress(OSError):  # real-time: the stops come on time though both ranks are busy
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+        target = None
+        while not (folder / "metrics.jsonl").exists() and not done.is_set():  # both ranks started training
+            time.sleep(0.02)
+        while target is None and not done.is_set():
+            for pid, argv in processes.command_lines():
+                if str(folder / "config.json") in argv and processes.environ(pid).get("RANK") == "1":
+                    target = pid
+            time.sleep(0.05)
+        while not done.is_set():
+            try:
+                os.kill(target, signal.SIGSTOP)
+                time.sleep(0.004)
+                os.kill(target, signal.SIGCONT)
+                time.sleep(0.001)
+            except ProcessLookupError:
+                return
+        if target is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target, signal.SIGCONT)
+
+    throttler = threading.Thread(target=throttle, daemon=True)
+    throttler.start()
+    try:
+        train_on_ranks(folder, 2)
+    finally:
+        done.set()
+        throttler.join(timeout=5)
+    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    probes = [line["probe"] for line in lines if "probe" in line]
+    assert [line["step"] for line in lines if "probe" in line] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert all(p["nodes"] == [socket.gethostname()] * 2 for p in probes)
+    slower = [p["ms"][1] / p["ms"][0] for p in probes]
+    assert sum(ratio > 1.5 for ratio in slower) >= 6, slower  # most: a probe may fall between two stops

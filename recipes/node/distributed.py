@@ -68,6 +68,74 @@ class Layout:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return tensor.item()
 
+    def gather(self, value):
+        """Every rank's number, in rank order: one all_gather of a float on the layout's device."""
+        if self.world == 1:
+            return [float(value)]
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([float(value)], device=self.device)
+        found = [torch.empty_like(tensor) for _ in range(self.world)]
+        dist.all_gather(found, tensor)
+        return [part.item() for part in found]
+
+    def names(self, name):
+        """Every rank's name (the node it runs on), in rank order."""
+        if self.world == 1:
+            return [name]
+        import torch.distributed as dist
+
+        found = [None] * self.world
+        dist.all_gather_object(found, name)
+        return found
+
+
+class Probe:
+    """The same fixed chain of matrix products on every rank's device, timed without any collective, so
+    that a rank much slower than the others is on a slow node (a throttled or failing GPU, a CPU taken by
+    something else) even though the step time, which waits for the slowest rank at every collective, is
+    the same on all of them. About 1 ms on an H100 (8 products of 4096 x 4096 in bf16), about 15 ms on
+    one CPU thread (256 x 256 in fp32). `ms()` is the median of `repeats` timings."""
+
+    def __init__(self, device):
+        import torch
+
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        size, dtype = (4096, torch.bfloat16) if self.cuda else (256, torch.float32)
+        self.matrix = torch.full((size, size), 1.0 / size, dtype=dtype, device=self.device)  # stays 1/size
+        self.chain()  # warm up: the first product pays for the library's set-up
+
+    def chain(self):
+        x = self.matrix
+        for _ in range(8):
+            x = x @ self.matrix
+        return x
+
+    def ms(self, repeats=3):
+        import statistics
+
+        import torch
+
+        times = []
+        for _ in range(repeats):
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            started = time.perf_counter()
+            self.chain()
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            times.append((time.perf_counter() - started) * 1000)
+        return statistics.median(times)
+
+
+def node_name():
+    """The Slurm node this rank runs on (the host's name outside Slurm)."""
+    import socket
+
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
 
 def init(rank, world, local_rank, tensor, device_type):
     """Join the process group and build the (dp, tp) mesh; tensor parallelism must divide the world."""

@@ -425,6 +425,11 @@ def train(config):
         # FP8 training needs torchao's float8 linear layers, which this runtime does not have.
         log(rank, f"precision: the recipe asks for fp8; trained in {precision} (float8 training needs torchao)")
     per_rank = global_batch // layout.dp
+    # Every probe_every steps each rank times the same local work (distributed.Probe) and rank 0 logs
+    # all of them with the ranks' nodes: the console names a node whose rank is much slower.
+    probe_every = config.get("probe_every", 10) if world > 1 else 0
+    probe = distributed.Probe(device) if probe_every else None
+    nodes = layout.names(distributed.node_name()) if probe_every else None
     peak_tflops = config.get("peak_tflops")
     writer = SummaryWriter(str(out / "tensorboard")) if rank == 0 else None
     metrics = (out / "metrics.jsonl").open("a") if rank == 0 else None
@@ -460,6 +465,7 @@ def train(config):
         step += 1
         tokens_done += tokens_read(config["kind"], x_all, tokenizer)
         value = layout.dp_sum(loss_sum) / total
+        probed = layout.gather(probe.ms()) if probe_every and step % probe_every == 0 else None
         if rank == 0:
             elapsed = time.perf_counter() - started
             tokens_per_s = tokens_done / elapsed if elapsed else 0.0
@@ -472,6 +478,8 @@ def train(config):
                 "peak_memory_mb": round(distributed.peak_memory_mb(), 1),
                 "time": time.time(),
             }
+            if probed:
+                record["probe"] = {"ms": [round(ms, 3) for ms in probed], "nodes": nodes}
             if peak_tflops:
                 record["mfu"] = round(
                     tokens_per_s * flops_per_token(architecture, seq_len, parameters) / (peak_tflops * 1e12 * world), 4

@@ -1,7 +1,9 @@
 """Runs that warn early: a loss that is no longer a number, a run that stopped logging, a run that
-slowed down. Each alert is raised once per run (an event on the cluster's timeline and a banner on the
-run's page, kept in `Run.alerts`); a non-finite loss also cancels the run when its launch asked for it
-(`cancel_on_nonfinite`). The Slurm sync calls watch() after it stored the run's new metrics lines.
+slowed down, a rank on a slow node (train.py's probe: every rank times the same local work, and a rank
+much slower than the others in each of the last probes is named with its node). Each alert is raised
+once per run (an event on the cluster's timeline and a banner on the run's page, kept in `Run.alerts`);
+a non-finite loss also cancels the run when its launch asked for it (`cancel_on_nonfinite`). The Slurm
+sync calls watch() after it stored the run's new metrics lines.
 """
 
 import contextlib
@@ -19,10 +21,17 @@ from console.errors import ConsoleError
 
 from ..models import Run, RunStatus
 
-NONFINITE, STALLED, SLOW = "nonfinite", "stalled", "slow"
-TITLES = {NONFINITE: "The loss is not a number", STALLED: "No progress", SLOW: "Slower than before"}
+NONFINITE, STALLED, SLOW, STRAGGLER = "nonfinite", "stalled", "slow", "straggler"
+TITLES = {
+    NONFINITE: "The loss is not a number",
+    STALLED: "No progress",
+    SLOW: "Slower than before",
+    STRAGGLER: "A slow node",
+}
 SLOW_FRACTION = 0.5  # steps/s between two lines under half the run's median
 SLOW_MIN_ROWS = 5  # a median needs a few steps first
+STRAGGLER_FACTOR = 1.5  # a rank's probe this many times the other ranks' median ...
+STRAGGLER_PROBES = 3  # ... in each of the run's last probes
 
 
 def finite(values):
@@ -45,14 +54,46 @@ def step_rates(points):
     ]
 
 
-def raise_alert(run, kind, message, level=EventLevel.WARNING):
+def raise_alert(run, kind, message, level=EventLevel.WARNING, node=""):
     """Record the alert once (compare-and-set on the run's alerts): returns whether this call did."""
     alerts = {**run.alerts, kind: {"at": timezone.now().isoformat(), "message": message}}
     moved = Run.objects.filter(pk=run.pk).exclude(alerts__has_key=kind).update(alerts=alerts)
     if moved:
         run.alerts = alerts
-        record_event(run.cluster, f"Run {run.recipe_id} (job {run.slurm_job_id}): {message}", level=level)
+        record_event(run.cluster, f"Run {run.recipe_id} (job {run.slurm_job_id}): {message}", level=level, node=node)
     return bool(moved)
+
+
+def slow_ranks(probe):
+    """[(rank, node, its ms, the other ranks' median ms)] for every rank of one probe (train.py's
+    {"ms": [...], "nodes": [...]}) at least STRAGGLER_FACTOR times the median of the others."""
+    ms, nodes = probe.get("ms") or [], probe.get("nodes") or []
+    if len(ms) < 2 or len(nodes) != len(ms) or not all(isinstance(m, int | float) and m > 0 for m in ms):
+        return []
+    found = []
+    for rank, mine in enumerate(ms):
+        others = statistics.median(ms[:rank] + ms[rank + 1 :])
+        if mine >= STRAGGLER_FACTOR * others:
+            found.append((rank, str(nodes[rank]), mine, others))
+    return found
+
+
+def straggler(run):
+    """The rank slow in each of the run's last STRAGGLER_PROBES probes, as (rank, node, ms, others' ms)
+    from the latest, or None. Every collective waits for that rank, so the whole run goes at its pace."""
+    probes = list(
+        run.metric_rows.filter(values__has_key="probe")
+        .order_by("-line")
+        .values_list("values", flat=True)[:STRAGGLER_PROBES]
+    )
+    if len(probes) < STRAGGLER_PROBES:
+        return None
+    slow = [{rank: found for rank, *found in slow_ranks(values["probe"])} for values in probes]
+    always = set(slow[0]).intersection(*slow[1:])
+    if not always:
+        return None
+    rank = max(always, key=lambda r: slow[0][r][1] / slow[0][r][2])
+    return (rank, *slow[0][rank])
 
 
 def watch(run, rows, now=None):
@@ -79,6 +120,16 @@ def watch(run, rows, now=None):
         what = "no metrics line" if run.metrics_seen else "no first metrics line"
         if raise_alert(run, STALLED, f"{what} for {int((now - since).total_seconds() // 60)} minutes"):
             raised.append(STALLED)
+    slowest = straggler(run) if rows and any("probe" in r.values for r in rows) else None
+    if slowest and STRAGGLER not in run.alerts:
+        rank, node, ms, others = slowest
+        message = (
+            f"rank {rank} on {node} takes {ms / others:.1f}x as long as the other ranks for the same work "
+            f"({ms:.1f} ms against {others:.1f} ms in each of the last {STRAGGLER_PROBES} probes); every rank "
+            f"waits for it: drain {node} or scan it"
+        )
+        if raise_alert(run, STRAGGLER, message, node=node):
+            raised.append(STRAGGLER)
     if rows and SLOW not in run.alerts:
         rates = step_rates(run.metric_rows.values_list("step", "values__time"))
         if len(rates) >= SLOW_MIN_ROWS:
@@ -87,6 +138,9 @@ def watch(run, rows, now=None):
                 message = (
                     f"{latest:.3g} steps/s between its last two metrics lines, {latest / median:.0%} of its median"
                 )
-                if raise_alert(run, SLOW, message):
+                slowest = slowest or straggler(run)
+                if slowest:
+                    message += f"; the slowest rank is {slowest[0]} on {slowest[1]}"
+                if raise_alert(run, SLOW, message, node=slowest[1] if slowest else ""):
                     raised.append(SLOW)
     return raised
