@@ -193,3 +193,16 @@ def test_the_run_page_shows_the_runs_own_lines_and_the_whole_tail_on_request(cli
     assert "FutureWarning" in full and full.count("While redistributing") == 4
     assert "live/?log=full" in full  # the polled part keeps the choice
     assert 'pre class="json log"' in page  # wrapped, not cut off (static/console/console.css)
+
+
+def test_the_run_page_charts_its_slowest_rank_against_the_others(client, alice, run):
+    """The probes as a chart by step (the largest ratio of one rank to the others' median); a run without
+    probes (one rank) has no such chart."""
+    client.force_login(alice)
+    logged(run, line(1), line(2))
+    assert 'id="probe-chart"' not in client.get(run.get_absolute_url()).content.decode()
+    logged(run, probed(10, [5.0, 5.0, 5.0, 5.0]), probed(20, [5.0, 5.0, 5.0, 10.0]), probed(30, [5.0, 5.0, 5.0, 15.0]))
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert 'id="probe-chart"' in page
+    assert "Slowest rank against the other ranks. probe time / others&#x27; median: 3 points from step 10 to " in page
+    assert "last 3 x, lowest 1 x, highest 3 x" in page

@@ -64,6 +64,15 @@ def raise_alert(run, kind, message, level=EventLevel.WARNING, node=""):
     return bool(moved)
 
 
+def slowest_ratio(probe):
+    """The largest ratio of one rank's probe to the median of the other ranks' (1.0: all alike), or None
+    for a probe that is not one train.py wrote: what the run page charts over the steps."""
+    ms = probe.get("ms") if isinstance(probe, dict) else None
+    if not ms or len(ms) < 2 or not all(isinstance(m, int | float) and m > 0 for m in ms):
+        return None
+    return max(mine / statistics.median(ms[:rank] + ms[rank + 1 :]) for rank, mine in enumerate(ms))
+
+
 def slow_ranks(probe):
     """[(rank, node, its ms, the other ranks' median ms)] for every rank of one probe (train.py's
     {"ms": [...], "nodes": [...]}) at least STRAGGLER_FACTOR times the median of the others."""

@@ -10,14 +10,14 @@ from django.views.decorators.http import require_POST
 
 from clusters import access
 from console.actions import act
-from console.charts import overlay, training_charts
+from console.charts import chart, overlay, training_charts
 from console.errors import ConsoleError, FieldErrors
 from console.htmx import render_fragment
 
 from .. import registry, runs
 from ..catalog import recipes
 from ..models import ModelVersion, Run
-from . import follow, tensorboard
+from . import alerts, follow, tensorboard
 
 FIELDS = ("recipe", "profile", "partition", "nodes", "steps", "init_from", "dataset", "alias")
 
@@ -100,9 +100,14 @@ def run_log(request, project, name, run_id):
 
 def run_context(run, full_log=False):
     rows = runs.metrics(run)
+    probed = [{"step": r["step"], "slowest": alerts.slowest_ratio(r["probe"])} for r in rows if "probe" in r]
+    straggler = chart(
+        "probe-chart", "Slowest rank against the other ranks", probed, {"slowest": "probe time / others' median"},
+        unit="x",
+    )  # fmt: skip
     return {
         "summary": runs.summary(run),
-        "charts": training_charts(rows),
+        "charts": training_charts(rows) + ([straggler] if straggler else []),
         "log": runs.log_view(run.log_tail, full=full_log),
         "full_log": full_log,
         "log_hidden": bool(run.log_tail) and not full_log,
