@@ -1,5 +1,7 @@
 """Serializers for the console's own REST API."""
 
+import functools
+
 from rest_framework import serializers
 
 from ..choices import Role
@@ -89,12 +91,12 @@ class ClusterSerializer(serializers.ModelSerializer):
             operation = cluster.known_latest_operation
         else:
             operation = cluster.latest_operation()
-        if operation is None:
-            return None
+        return self.operation_serializer.to_representation(operation) if operation else None
+
+    @functools.cached_property
+    def operation_serializer(self):
         # One OperationSerializer for the whole list: building its fields took 0.7 ms, 80% of a cluster's.
-        if not hasattr(self, "operation_serializer"):
-            self.operation_serializer = OperationSerializer()
-        return self.operation_serializer.to_representation(operation)
+        return OperationSerializer()
 
 
 class ClusterCreateSerializer(serializers.Serializer):

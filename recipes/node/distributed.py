@@ -137,8 +137,9 @@ def node_name():
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def init(rank, world, local_rank, tensor, device_type):
-    """Join the process group and build the (dp, tp) mesh; tensor parallelism must divide the world."""
+def init(rank, world, local_rank, tensor, device_type, backend=None, store=None):
+    """Join the process group and build the (dp, tp) mesh; tensor parallelism must divide the world. The
+    backend is NCCL on GPUs and gloo on CPUs unless given (recipes/node/memory.py: "fake", with its store)."""
     import torch.distributed as dist
 
     if world % tensor:
@@ -149,7 +150,8 @@ def init(rank, world, local_rank, tensor, device_type):
         return Layout(rank, 1, local_rank, 1, 1, 0, device=device)
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world)
+    backend = backend or ("nccl" if device_type == "cuda" else "gloo")
+    dist.init_process_group(backend, rank=rank, world_size=world, **({"store": store} if store else {}))
     mesh = init_device_mesh(device_type, (dp, tensor), mesh_dim_names=("dp", "tp"))
     # A reduction over both dimensions (the gradient norm of tensor-parallel weights) then runs as one
     # collective over the flattened mesh, not two in a row: faster, and the same order on every rank

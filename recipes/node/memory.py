@@ -28,20 +28,13 @@ def trace(config, world):
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModState
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     parallel = config.get("parallel") or {}
-    tensor = parallel.get("tensor", 1)
-    if world % tensor:
-        raise ValueError(f"tensor parallelism {tensor} does not divide {world} ranks")
     if dist.is_initialized():
         raise RuntimeError("trace() makes its own (fake) process group; this process already has one")
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
-        mesh = init_device_mesh("cpu", (world // tensor, tensor), mesh_dim_names=("dp", "tp"))
-        mesh["dp", "tp"]._flatten("dp_tp")
-        layout = distributed.Layout(0, world, 0, tensor, world // tensor, 0, mesh, "cpu")
+        layout = distributed.init(0, world, 0, parallel.get("tensor", 1), "cpu", backend="fake", store=FakeStore())
         model = train.build_model(config, device="meta")
         model = distributed.parallelize(
             model, layout, mixed_precision=True, activation_checkpointing=parallel.get("activation_checkpointing", True)
@@ -61,15 +54,7 @@ def trace(config, world):
             tracker.track_inputs((x, y))
             with tracker:
                 for step in range(2):
-                    if chunk:
-                        loss = model(input_ids=x, labels=y)
-                    else:
-                        logits = model(input_ids=x).logits
-                        loss = torch.nn.functional.cross_entropy(
-                            logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum"
-                        )
-                        del logits
-                    loss.backward()
+                    train.summed_loss(model, x, y, chunked=bool(chunk)).backward()
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                     if step == 0:

@@ -193,6 +193,19 @@ def build_model(config, device=None):
         return family(model_config(config))
 
 
+def summed_loss(model, x, y, chunked):
+    """The micro-batch's summed cross-entropy (positions labelled -100 left out): from the model's chunked
+    forward (chunked_loss) when it has one, else from its whole logits."""
+    import torch
+
+    if chunked:
+        return model(input_ids=x, labels=y)  # chunked_loss: the summed loss, never the whole logits
+    logits = model(input_ids=x).logits
+    return torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+
+
 def chunked_loss(chunk):
     """A causal LM's forward that returns the summed cross-entropy of (input_ids, labels) and never
     holds the whole logits: the decoder's hidden states go through the output layer `chunk` positions
@@ -449,13 +462,7 @@ def train(config):
                 model.set_requires_gradient_sync(micro == accumulation - 1)
             x = mine_x[micro * micro_batch : (micro + 1) * micro_batch].to(device)
             y = mine_y[micro * micro_batch : (micro + 1) * micro_batch].to(device)
-            if loss_chunk:
-                part = model(input_ids=x, labels=y)  # chunked_loss: the summed loss, never the whole logits
-            else:
-                logits = model(input_ids=x).logits
-                part = torch.nn.functional.cross_entropy(
-                    logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100, reduction="sum"
-                )
+            part = summed_loss(model, x, y, chunked=bool(loss_chunk))
             # FSDP averages gradients over the data-parallel ranks: x dp makes it the global sum / total.
             (part * (layout.dp / total)).backward()
             loss_sum += part.detach()

@@ -64,27 +64,29 @@ def raise_alert(run, kind, message, level=EventLevel.WARNING, node=""):
     return bool(moved)
 
 
+def rank_times(probe):
+    """[(rank, its ms, the other ranks' median ms)] of one probe as train.py writes it ({"ms": [...],
+    "nodes": [...]}), or [] for anything else."""
+    ms = probe.get("ms") if isinstance(probe, dict) else None
+    if not ms or len(ms) < 2 or not all(isinstance(m, int | float) and m > 0 for m in ms):
+        return []
+    return [(rank, mine, statistics.median(ms[:rank] + ms[rank + 1 :])) for rank, mine in enumerate(ms)]
+
+
 def slowest_ratio(probe):
     """The largest ratio of one rank's probe to the median of the other ranks' (1.0: all alike), or None
     for a probe that is not one train.py wrote: what the run page charts over the steps."""
-    ms = probe.get("ms") if isinstance(probe, dict) else None
-    if not ms or len(ms) < 2 or not all(isinstance(m, int | float) and m > 0 for m in ms):
-        return None
-    return max(mine / statistics.median(ms[:rank] + ms[rank + 1 :]) for rank, mine in enumerate(ms))
+    return max((mine / others for _, mine, others in rank_times(probe)), default=None)
 
 
 def slow_ranks(probe):
-    """[(rank, node, its ms, the other ranks' median ms)] for every rank of one probe (train.py's
-    {"ms": [...], "nodes": [...]}) at least STRAGGLER_FACTOR times the median of the others."""
-    ms, nodes = probe.get("ms") or [], probe.get("nodes") or []
-    if len(ms) < 2 or len(nodes) != len(ms) or not all(isinstance(m, int | float) and m > 0 for m in ms):
+    """[(rank, node, its ms, the other ranks' median ms)] for every rank of one probe at least
+    STRAGGLER_FACTOR times the median of the others (none without a node for every rank)."""
+    nodes = (probe.get("nodes") or []) if isinstance(probe, dict) else []
+    times = rank_times(probe)
+    if len(nodes) != len(times):
         return []
-    found = []
-    for rank, mine in enumerate(ms):
-        others = statistics.median(ms[:rank] + ms[rank + 1 :])
-        if mine >= STRAGGLER_FACTOR * others:
-            found.append((rank, str(nodes[rank]), mine, others))
-    return found
+    return [(rank, str(nodes[rank]), mine, others) for rank, mine, others in times if mine >= STRAGGLER_FACTOR * others]
 
 
 def straggler(run):
