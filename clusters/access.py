@@ -135,6 +135,23 @@ def cluster(user, project_slug, name, permission=GET, *, drafts=True):
     return found
 
 
+def of_cluster(user, queryset, project_slug, name, permission=GET, **lookup):
+    """The row of `queryset` (a model with a `cluster` foreign key: a run) matching `lookup`, of a cluster
+    called `name` in one of the user's projects, live or deleted: what outlives its cluster (a run's
+    page, its curves) is still found under the cluster's name. 404 / 403 as cluster()."""
+    found = (
+        queryset.filter(
+            cluster__project__slug=project_slug, cluster__project__in=projects(user, LIST), cluster__name=name, **lookup
+        )
+        .select_related("cluster__project")
+        .first()
+    )
+    if found is None:
+        raise Http404(f"Nothing of that id on {project_slug}/{name}")
+    check(user, found.cluster.project, permission)
+    return found
+
+
 def draft(user, project_slug, name):
     """A draft the user may go on editing (creating clusters is the admin's)."""
     found = clusters(user, LIST).filter(project__slug=project_slug, name=name, status=ClusterStatus.DRAFT).first()

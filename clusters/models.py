@@ -143,6 +143,10 @@ class Cluster(models.Model):
     def is_deletable(self):
         return self.status in ClusterStatus.deletable()
 
+    @property
+    def is_deleted(self):
+        return self.status == ClusterStatus.DELETED
+
     def set_status(self, new, *, expected, message=""):
         """Compare-and-set: move to `new` only from one of `expected`; returns whether it moved."""
         return compare_and_set(

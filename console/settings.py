@@ -352,6 +352,10 @@ MLFLOW_PASSWORD_FILE = env("MLFLOW_PASSWORD_FILE", str(VAR_DIR / "mlflow" / "pas
 MLFLOW_TIMEOUT = envint("MLFLOW_TIMEOUT", 30)
 # Model names in the registry are "<project slug>.<name>"; experiments "<prefix><project slug>".
 MLFLOW_EXPERIMENT_PREFIX = env("MLFLOW_EXPERIMENT_PREFIX", "tcc/")
+# Runs outlive their cluster: the registry keeps each run's newest checkpoint and TensorBoard files
+# (recipes/registry/archive.py), copied through the console; a checkpoint larger than this stays on the
+# cluster's storage only (full-size ones are tens to hundreds of GB).
+RUN_ARCHIVE_MAX_BYTES = envint("RUN_ARCHIVE_MAX_BYTES", 4 << 30)
 
 CLUSTER_BACKENDS = {
     "local": "clusters.backends.local.LocalBackend",

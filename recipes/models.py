@@ -83,6 +83,10 @@ class Run(models.Model):
     mlflow_run_id = models.CharField(max_length=64, blank=True)
     mlflow_logged = models.PositiveIntegerField(default=0)
     auto_registered = models.BooleanField(default=False)
+    # What of the run's files the registry keeps, so the run outlives its cluster (registry/archive.py):
+    # {"step": the checkpoint kept, "bytes": its size, "tensorboard": {event file: bytes kept},
+    #  "at": when, "skipped": why the newest checkpoint was not kept, if it was not}.
+    archive = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created"]
@@ -166,7 +170,7 @@ class ModelVersion(models.Model):
 
     @property
     def live_run(self):
-        """Its run while that run's cluster exists (a deleted cluster's runs have no pages)."""
+        """Its run while that run's cluster exists (a deleted cluster's run keeps its page, not its cluster)."""
 
         run = self.run
         return run if run is not None and run.cluster.status != ClusterStatus.DELETED else None

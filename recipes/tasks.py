@@ -5,7 +5,7 @@ Imported by the app's ready(), so a worker has them all; services enqueue them b
 from celery import shared_task
 from django.conf import settings
 
-from .registry import RegistryUnavailable, track_and_register
+from .registry import RegistryUnavailable, keep_files, track_and_register
 from .serving import due, reconcile_one
 
 
@@ -13,8 +13,10 @@ from .serving import due, reconcile_one
     soft_time_limit=600, autoretry_for=(RegistryUnavailable,), retry_backoff=5, retry_kwargs={"max_retries": 8}
 )
 def track_run(run_id):
-    """Log a run's new metrics to MLflow and register it once it completed (registry.track_and_register)."""
+    """Log a run's new metrics to MLflow, register it once it completed (registry.track_and_register) and
+    keep its newest checkpoint and TensorBoard files in the registry (registry.keep_files)."""
     track_and_register(run_id)
+    keep_files(run_id)
 
 
 @shared_task(soft_time_limit=30)

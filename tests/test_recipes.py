@@ -152,6 +152,25 @@ def test_it_refuses_a_bad_launch_with_field_reasons_and_submits_nothing(rita_api
     assert not Run.objects.exists()
 
 
+def test_a_launch_from_a_deleted_clusters_run_whose_checkpoint_the_registry_lacks_says_why(train_cluster, rita_api):
+    from clusters.choices import ClusterStatus
+    from clusters.models import Cluster
+
+    gone = Cluster.objects.create(project=train_cluster.project, name="gone", spec={}, status=ClusterStatus.DELETED)
+    old = Run.objects.create(cluster=gone, recipe_id="llama3.1-8b-pretrain", profile="tiny", partition="cpu",
+                             nodes=1, steps=6, config={}, script="", work_dir="/gone/runs/x",
+                             status=RunStatus.COMPLETED)  # fmt: skip
+    before = Run.objects.count()
+    response = launch(rita_api, recipe="llama3.1-8b-cpt", init_from=str(old.uuid), steps=1)
+    assert response.status_code == 400
+    assert "were on cluster gone (deleted), and the registry keeps none of them" in response.json()["init_from"][0]
+    old.archive = {"skipped": "step 6's checkpoint is 9.0 GiB, over the 4.0 GiB the console copies", "final": True}
+    old.save()
+    response = launch(rita_api, recipe="llama3.1-8b-cpt", init_from=str(old.uuid), steps=1)
+    assert "over the 4.0 GiB the console copies" in response.json()["init_from"][0]
+    assert Run.objects.count() == before
+
+
 def test_charlie_cannot_launch_on_ritas_cluster_nor_see_its_tensorboard(train_cluster, charlie_api, client, charlie):
     assert launch(charlie_api).status_code == 404
     assert charlie_api.get(RUNS).status_code == 404

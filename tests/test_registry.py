@@ -153,7 +153,7 @@ def test_a_launch_from_an_unknown_version_or_alias_is_refused_with_the_reason(al
 
 @pytest.mark.django_db(transaction=True)
 def test_runs_register_themselves_and_their_versions_outlive_the_cluster(
-    celery_worker, slurm, mlflow_server, alice_api, alice, client
+    celery_worker, slurm, mlflow_server, alice_api, alice, client, charlie
 ):
     from clusters.choices import OperationStatus
     from clusters.models import Cluster, Operation
@@ -218,6 +218,17 @@ def test_runs_register_themselves_and_their_versions_outlive_the_cluster(
         stopped = dict(quiet.config)
         assert "register_as" not in stopped
 
+        # The registry keeps each run's newest checkpoint and TensorBoard files as it goes.
+        def kept_step(run, step):
+            return wait_until(lambda: Run.objects.get(pk=run.pk).archive.get("step") == step, timeout=60,
+                              interval=0.5, message=f"run {run.uuid}'s checkpoint step {step} to be kept")  # fmt: skip
+
+        kept_step(first, 6)
+        elsewhere = alice_api.post("/api/v1/projects/alpha/clusters/", format="json",
+                                   data={"cluster_id": "reg-next", "spec": example_spec(cpu=1)})  # fmt: skip
+        assert elsewhere.status_code == 202, elsewhere.content
+        finished(elsewhere.json()["id"], timeout=180)
+
         # Deleting the cluster keeps every version, its lineage as names and its files in the registry.
         deleted = alice_api.delete("/api/v1/projects/alpha/clusters/reg/")
         assert deleted.status_code == 202, deleted.content
@@ -225,6 +236,48 @@ def test_runs_register_themselves_and_their_versions_outlive_the_cluster(
         assert Cluster.objects.get(name="reg").status == "DELETED"
         kept = ModelVersion.objects.get(name=f"{name}-chat")
         assert kept.live_run is None and kept.cluster_name == "reg" and kept.parent.ref == f"{name}:v1"
+
+        # ... and every run: its page, its curves, its newest checkpoint and its TensorBoard files.
+        first.refresh_from_db()
+        assert first.archive["step"] == 6 and first.archive["final"] and first.archive["bytes"] > 0
+        assert [f.path for f in mlflow.list_artifacts(first.mlflow_run_id, "checkpoints")] == ["checkpoints/step-6"]
+        events = [f.path for f in mlflow.list_artifacts(first.mlflow_run_id, "tensorboard")]
+        assert any(path.startswith("tensorboard/events.out") for path in events), events
+        client.force_login(alice)
+        page = client.get(f"/clusters/alpha/reg/runs/{first.uuid}/")
+        assert page.status_code == 200
+        text = page.content.decode()
+        assert "Its cluster was deleted" in text and 'id="loss-chart"' in text and "step <strong>6</strong>" in text
+        assert alice_api.get(f"/api/v1/projects/alpha/clusters/reg/runs/{first.uuid}/").json()["archive"]["step"] == 6
+        import io
+        import zipfile
+
+        files = client.get(f"/clusters/alpha/reg/runs/{first.uuid}/tensorboard-files/")
+        assert files.status_code == 200 and files["Content-Type"] == "application/zip"
+        assert any("events.out.tfevents" in n for n in zipfile.ZipFile(io.BytesIO(files.content)).namelist())
+        from django.test import Client
+
+        outsider = Client()
+        outsider.force_login(charlie)  # the run outlives its cluster, not its project's walls
+        for path in ("", "tensorboard-files/", "live/"):
+            assert outsider.get(f"/clusters/alpha/reg/runs/{first.uuid}/{path}").status_code == 404
+        refused = alice_api.post(f"/api/v1/projects/alpha/clusters/reg/runs/{first.uuid}/register/", {"name": "x"})
+        assert refused.status_code == 409 and "cluster was deleted" in refused.json()["detail"]
+
+        # Continued pretraining on another cluster starts from the kept checkpoint, at its step; the launch
+        # page offers it.
+        offered = client.get("/clusters/alpha/reg-next/runs/new/").content.decode()
+        assert f'value="{first.uuid}"' in offered and "on reg (deleted), step 6 kept" in offered
+        response = alice_api.post("/api/v1/projects/alpha/clusters/reg-next/runs/", format="json", data={
+            "recipe": "llama3.1-8b-cpt", "profile": "tiny", "nodes": 1, "steps": 2, "init_from": str(first.uuid),
+            "register": False})  # fmt: skip
+        assert response.status_code == 202, response.content
+        resumed = wait_until(lambda: Run.objects.filter(uuid=response.json()["id"], status__in=RunStatus.done())
+                             .first(), timeout=240, interval=1, message="the resumed run to end")  # fmt: skip
+        assert resumed.status == RunStatus.COMPLETED, resumed.log_tail
+        assert resumed.init_from == first and resumed.config["steps"] == 8
+        assert resumed.config["init_from"].endswith(f"/models/runs/{first.uuid}/step-6")
+        assert resumed.metric_rows.first().step == 7
         assert ModelVersion.objects.filter(name=name).count() == 2
         assert quiet.model_versions.count() == 0
         import tempfile

@@ -106,7 +106,11 @@ def run(operation_id, stale_after=None):
     try:
         for hook in [kind.prepare, *(e.prepare for e in extensions)]:
             hook(ctx)
-        steps = [*kind.steps(ctx), *(step for e in extensions for step in e.steps(ctx))]
+        steps = [
+            *(step for e in extensions for step in e.first_steps(ctx)),
+            *kind.steps(ctx),
+            *(step for e in extensions for step in e.steps(ctx)),
+        ]
         run_steps(ctx, steps)
         for hook in [*(e.on_success for e in extensions), kind.on_success]:
             hook(ctx)

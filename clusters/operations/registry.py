@@ -52,8 +52,11 @@ class Kind:
 @dataclass(frozen=True)
 class Extension:
     """Work a module adds to a kind it does not own; its hooks run after the kind's own (its steps after the
-    kind's steps, its on_success before the kind's, so it can leave a verdict in the checkpoint)."""
+    kind's steps, its on_success before the kind's, so it can leave a verdict in the checkpoint), except
+    `first_steps`, which run before the kind's steps (what must happen while the cluster is still there:
+    recipes keep their runs' records before a delete takes the cluster's files away)."""
 
+    first_steps: object = no_steps
     steps: object = no_steps
     prepare: object = nothing
     on_success: object = nothing

@@ -13,6 +13,7 @@ from . import members
 from .files import (
     download_folder,
     file_exists,
+    file_sizes,
     list_files,
     prune_files,
     read_file,
@@ -72,6 +73,7 @@ __all__ = [
     "dry_run",
     "fault_backend",
     "file_exists",
+    "file_sizes",
     "gpus_per_node",
     "inject_fault",
     "job_address",

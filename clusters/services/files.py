@@ -38,6 +38,16 @@ def list_files(cluster, path, pattern="*"):
     return agent_call(cluster, "list", path, pattern)
 
 
+def file_sizes(cluster, path, pattern="*"):
+    """{name: bytes} of the files (not folders) in the folder matching `pattern`; {} when it does not exist."""
+    sizes = {}
+    for name in list_files(cluster, path, pattern):
+        found = agent_call(cluster, "stat", f"{path}/{name}")
+        if found["exists"] and not found["is_dir"]:
+            sizes[name] = found["size"]
+    return sizes
+
+
 def tensorboard_request(cluster, path_prefix, method, path, body=None, content_type=""):
     """(status, headers, body): the cluster's TensorBoard's answer, relayed by the agent (TensorBoard listens
     on a Unix socket on the controller that only the agent reaches); the console serves it behind its login."""
@@ -76,6 +86,7 @@ def download_folder(cluster, path, target):
             while chunk := read_file(cluster, f"{path}/{name}", offset=offset, limit=PART):
                 handle.write(chunk)
                 offset += len(chunk)
+                heartbeat(f"{(total + offset) >> 20} MiB copied")  # in an operation
         total += offset
     return total
 

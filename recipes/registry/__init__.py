@@ -1,7 +1,9 @@
 """The model registry on MLflow (versions.py): tracking runs, registering versions, aliases, staging a
-version onto a cluster (versions.py; as an operation of its own: staging.py). Pages, the API, runs and
-serving call these functions."""
+version onto a cluster (versions.py; as an operation of its own: staging.py), and the runs' newest
+checkpoints and TensorBoard files, kept so that runs outlive their cluster (archive.py). Pages, the API,
+runs and serving call these functions."""
 
+from .archive import download_tensorboard, keep, keep_files, not_kept, stage_checkpoint, staged_checkpoint_path
 from .staging import STAGE, start_staging
 from .versions import (
     ALIAS,
@@ -40,10 +42,14 @@ __all__ = [
     "aliases",
     "client",
     "delete_version",
+    "download_tensorboard",
     "experiment_id",
+    "keep",
+    "keep_files",
     "metric_history",
     "mlflow_name",
     "model_versions",
+    "not_kept",
     "publish",
     "register_run",
     "remove_alias",
@@ -52,6 +58,8 @@ __all__ = [
     "serving",
     "set_alias",
     "stage",
+    "stage_checkpoint",
+    "staged_checkpoint_path",
     "staged_path",
     "start_staging",
     "track",

@@ -28,7 +28,7 @@ from django.conf import settings
 from django.http import Http404
 
 from clusters import services as clusters
-from clusters.choices import EventLevel
+from clusters.choices import ClusterStatus, EventLevel
 from clusters.events import record_event
 from clusters.spec.validator import ID_RULE, RESOURCE_ID
 from clusters.work import heartbeat
@@ -180,6 +180,11 @@ def register_run(run, name, *, user=None, automatic=False):
     check_name(name)
     if run.status != RunStatus.COMPLETED:
         raise Conflict("Only a completed run can be registered")
+    if run.cluster.status == ClusterStatus.DELETED:
+        raise Conflict(
+            "The run's cluster was deleted and its exported model with it; start a run from its kept checkpoint "
+            f"(init_from {run.uuid}) on another cluster, and register that one"
+        )
     folder = run.in_home("model")
     try:
         exported = clusters.file_exists(run.cluster, f"{folder}/config.json")

@@ -1,7 +1,6 @@
 """The runs REST API: the catalog, launching a run with a JSON body, following, cancelling and
 registering it. A ConsoleError a service raises is answered by /api/v1's one error handler."""
 
-from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -29,7 +28,7 @@ class RunSerializer(serializers.ModelSerializer):
         fields = [
             "id", "launch", "recipe_id", "profile", "partition", "nodes", "steps", "status", "slurm_job_id",
             "slurm_state", "slurm_reason", "exit_code", "error", "work_dir", "script", "summary", "layout", "created",
-            "started", "finished", "watch", "alerts",
+            "started", "finished", "watch", "alerts", "archive",
         ]  # fmt: skip
 
     def get_summary(self, run) -> dict:
@@ -103,8 +102,9 @@ class RunList(APIView):
 
 
 def run_for(request, project, cluster, run, permission=access.GET):
-    """A run of a cluster the user can see, or 404; 403 when their role lacks `permission`."""
-    return get_object_or_404(Run, cluster=access.cluster(request.user, project, cluster, permission), uuid=run)
+    """A run of a cluster the user can see (or could, before it was deleted: runs outlive it), or 404; 403
+    when their role lacks `permission`."""
+    return access.of_cluster(request.user, Run.objects, project, cluster, permission, uuid=run)
 
 
 class RunDetail(APIView):

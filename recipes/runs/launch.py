@@ -322,7 +322,7 @@ def checkpoint_source(cluster, recipe, source, stage=True):
         return registered_source(cluster, recipe, version, stage)
     run = None
     if is_uuid(source):
-        run = Run.objects.filter(uuid=source, cluster__project=cluster.project).first()
+        run = Run.objects.filter(uuid=source, cluster__project=cluster.project).select_related("cluster").first()
     if run is None:
         what = {"cpt": "continued pretraining", "sft": "fine-tuning", "rl": "RL"}[recipe["kind"]]
         return None, (
@@ -332,6 +332,8 @@ def checkpoint_source(cluster, recipe, source, stage=True):
     family = get_recipe(run.recipe_id)["family"]
     if family != recipe["family"]:
         return None, f"that checkpoint is a {family} model; this recipe trains {recipe['family']}"
+    if run.cluster_id != cluster.pk:
+        return kept_source(cluster, run, stage)
     try:
         found = latest_checkpoint(run)
     except ConsoleError as exc:
@@ -339,6 +341,30 @@ def checkpoint_source(cluster, recipe, source, stage=True):
     if not found:
         return None, "that run has no checkpoint yet"
     return run, ""
+
+
+@dataclass(frozen=True)
+class KeptCheckpoint:
+    """A run's checkpoint that the registry keeps (the run was on another cluster, or on one since
+    deleted), staged into this cluster's shared home at `path`."""
+
+    run: Run
+    path: str
+    step: int
+
+
+def kept_source(cluster, run, stage):
+    """(KeptCheckpoint, problem) for a run of another cluster: its newest checkpoint, kept in the registry
+    (registry.keep), copied into this cluster's home when `stage` (a preview reads and writes nothing)."""
+    if "step" not in (run.archive or {}):
+        return None, registry.not_kept(run)
+    if not stage:
+        return KeptCheckpoint(run, registry.staged_checkpoint_path(run), run.archive["step"]), ""
+    try:
+        path, step = registry.stage_checkpoint(run, cluster)
+    except ConsoleError as exc:
+        return None, f"that run's checkpoint could not be copied onto the cluster from the registry: {exc.message}"
+    return KeptCheckpoint(run, path, step), ""
 
 
 def is_uuid(value):
@@ -394,7 +420,11 @@ def resolve_config(launch, work_dir, runtime):
         if recipe["kind"] == "cpt" and folder.step:  # a run's export carries on its step count too
             config.update(steps=folder.step + launch["steps"], continue_steps=True, init_step=folder.step)
     elif launch["init_from"] is not None:
-        checkpoint, saved = latest_checkpoint(launch["init_from"])
+        if isinstance(launch["init_from"], KeptCheckpoint):
+            kept = launch["init_from"]
+            checkpoint, saved = f"{clusters.shared_dir(launch['cluster'])}/{kept.path}", kept.step
+        else:
+            checkpoint, saved = latest_checkpoint(launch["init_from"])
         config["init_from"] = str(checkpoint)
         if recipe["kind"] == "cpt":  # continued pretraining carries on the step count: `steps` more
             config.update(steps=saved + launch["steps"], continue_steps=True)
@@ -483,7 +513,7 @@ def launch_run(*, cluster, data, user=None):
             steps=launch["steps"],
             config={},
             status=RunStatus.SUBMITTING,
-            init_from=launch["init_from"] if isinstance(launch["init_from"], Run) else None,
+            init_from=source_run(launch["init_from"]),
             init_version=launch["init_from"].version if isinstance(launch["init_from"], HubFolder) else None,
             created_by=user,
             watch=launch["watch"],
@@ -497,6 +527,13 @@ def launch_run(*, cluster, data, user=None):
         )
         run.save(update_fields=["launch"])
     return run
+
+
+def source_run(init_from):
+    """The run a launch starts from (its checkpoint on this cluster or kept in the registry), or None."""
+    if isinstance(init_from, KeptCheckpoint):
+        return init_from.run
+    return init_from if isinstance(init_from, Run) else None
 
 
 # The operation kind: its steps, each idempotent (a resumed launch runs them all again).

@@ -11,6 +11,7 @@ urlpatterns = [
     path("<uuid:run_id>/", views.run_detail, name="run-detail"),
     path("<uuid:run_id>/live/", views.run_live, name="run-live"),
     path("<uuid:run_id>/log/", views.run_log, name="run-log"),
+    path("<uuid:run_id>/tensorboard-files/", views.run_tensorboard_files, name="run-tensorboard-files"),
     path("<uuid:run_id>/cancel/", views.run_cancel, name="run-cancel"),
     path("<uuid:run_id>/register/", views.run_register, name="run-register"),
 ]

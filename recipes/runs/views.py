@@ -1,10 +1,14 @@
 """Run pages: launch a recipe (with the sbatch script shown before submit), follow it, cancel it."""
 
+import io
+import tempfile
 import urllib.parse
+import zipfile
 
 from django.contrib import messages
-from django.http import HttpResponse, StreamingHttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.db.models import Q
+from django.http import Http404, HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -27,8 +31,8 @@ def cluster_for(request, project, name, permission=access.GET):
 
 
 def run_for(request, project, name, run_id, permission=access.GET):
-    cluster = cluster_for(request, project, name, permission)
-    return get_object_or_404(Run.objects.select_related("cluster__project"), cluster=cluster, uuid=run_id)
+    """A run of the user's project's cluster `name`, which may since have been deleted (runs outlive it)."""
+    return access.of_cluster(request.user, Run.objects, project, name, permission, uuid=run_id)
 
 
 def run_new(request, project, name):
@@ -54,7 +58,7 @@ def run_new(request, project, name):
         "cluster": cluster,
         "recipes": recipes().values(),
         "partitions": cluster.partitions.all(),
-        "previous_runs": Run.objects.filter(cluster__project=cluster.project).exclude(status="FAILED")[:20],
+        "previous_runs": startable_runs(cluster),
         "model_versions": ModelVersion.objects.filter(project=cluster.project)[:50],
         "form": form,
         "errors": errors,
@@ -62,6 +66,13 @@ def run_new(request, project, name):
         "launch": launch,
     }
     return render(request, "recipes/run_new.html", context, status=400 if errors else 200)
+
+
+def startable_runs(cluster):
+    """Runs a launch on the cluster may start from: its own, and any other cluster's of the project
+    (deleted ones too) whose checkpoint the registry keeps."""
+    found = Run.objects.filter(Q(cluster=cluster) | Q(archive__has_key="step"), cluster__project=cluster.project)
+    return found.exclude(status="FAILED").select_related("cluster")[:20]
 
 
 def run_detail(request, project, name, run_id):
@@ -95,6 +106,27 @@ def run_log(request, project, name, run_id):
         return render(request, "recipes/run_log_missing.html", missing, status=404)
     response = StreamingHttpResponse(follow.log_chunks(run, log), content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{run.recipe_id}-{str(run.uuid)[:8]}-{log}"'
+    return response
+
+
+def run_tensorboard_files(request, project, name, run_id):
+    """The run's TensorBoard event files that the registry keeps, as a zip (they outlive the cluster)."""
+    run = run_for(request, project, name, run_id)
+    if not (run.archive or {}).get("tensorboard"):
+        raise Http404("The registry keeps no TensorBoard files of this run yet")
+    buffer = io.BytesIO()
+    top = f"{run.recipe_id}-{str(run.uuid)[:8]}"
+    try:
+        with tempfile.TemporaryDirectory(prefix="tcc-tensorboard-") as temporary:
+            folder = registry.download_tensorboard(run, temporary)
+            with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+                for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+                    archive.write(file, f"{top}/{file.relative_to(folder)}")
+    except ConsoleError as exc:
+        return HttpResponse(f"The registry cannot hand out the files: {exc.message}", status=503,
+                            content_type="text/plain")  # fmt: skip
+    response = HttpResponse(buffer.getvalue(), content_type="application/zip")
+    response["Content-Disposition"] = f'attachment; filename="{top}-tensorboard.zip"'
     return response
 
 
