@@ -100,7 +100,7 @@ def probed(step, ms, nodes=("cpu-0", "cpu-0", "cpu-1", "cpu-1")):
     return {**line(step), "probe": {"ms": list(ms), "nodes": list(nodes)}}
 
 
-def test_a_rank_slower_than_the_others_in_three_probes_running_names_its_node(run):
+def test_a_rank_slower_than_the_others_in_three_probes_running_names_its_node(run, alice, client):
     steady = [probed(s, [5.0, 5.2, 4.9, 5.1]) for s in (10, 20, 30)]
     assert alerts.watch(run, logged(run, *steady)) == []
     # cpu-1's second rank slows down: twice, then a normal probe, then three times in a row.
@@ -114,6 +114,11 @@ def test_a_rank_slower_than_the_others_in_three_probes_running_names_its_node(ru
     event = run.cluster.events.get(message__contains="rank 3 on cpu-1")
     assert (event.node, event.level) == ("cpu-1", "WARNING")
     assert alerts.watch(run, logged(run, probed(100, [5.0, 5.1, 5.0, 12.0]))) == []  # once
+    # The run page's banner says what it is and leads to the node's checks and repairs.
+    client.force_login(alice)
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert 'id="alert-straggler"><p><strong>A slow node:</strong> rank 3 on cpu-1' in page
+    assert 'href="/clusters/alpha/demo/nodes/cpu-1/">cpu-1\'s checks and repairs</a>' in page
 
 
 def test_with_two_ranks_the_slow_one_is_measured_against_the_other(run):

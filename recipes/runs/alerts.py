@@ -34,6 +34,11 @@ STRAGGLER_FACTOR = 1.5  # a rank's probe this many times the other ranks' median
 STRAGGLER_PROBES = 3  # ... in each of the run's last probes
 
 
+def banners(run):
+    """[(kind, title, alert)] of the run's alerts, for its page."""
+    return [(kind, TITLES.get(kind, "Alert"), alert) for kind, alert in run.alerts.items()]
+
+
 def finite(values):
     """The metrics line with every non-finite number as None, and the names of those numbers: JSON
     has no NaN (PostgreSQL's jsonb refuses it), and a chart draws a gap there."""
@@ -56,7 +61,8 @@ def step_rates(points):
 
 def raise_alert(run, kind, message, level=EventLevel.WARNING, node=""):
     """Record the alert once (compare-and-set on the run's alerts): returns whether this call did."""
-    alerts = {**run.alerts, kind: {"at": timezone.now().isoformat(), "message": message}}
+    alert = {"at": timezone.now().isoformat(), "message": message}
+    alerts = {**run.alerts, kind: {**alert, "node": node} if node else alert}
     moved = Run.objects.filter(pk=run.pk).exclude(alerts__has_key=kind).update(alerts=alerts)
     if moved:
         run.alerts = alerts
@@ -131,7 +137,8 @@ def watch(run, rows, now=None):
         what = "no metrics line" if run.metrics_seen else "no first metrics line"
         if raise_alert(run, STALLED, f"{what} for {int((now - since).total_seconds() // 60)} minutes"):
             raised.append(STALLED)
-    slowest = straggler(run) if rows and any("probe" in r.values for r in rows) else None
+    probed = rows and any("probe" in r.values for r in rows)
+    slowest = straggler(run) if probed else None
     if slowest and STRAGGLER not in run.alerts:
         rank, node, ms, others = slowest
         message = (
@@ -149,7 +156,8 @@ def watch(run, rows, now=None):
                 message = (
                     f"{latest:.3g} steps/s between its last two metrics lines, {latest / median:.0%} of its median"
                 )
-                slowest = slowest or straggler(run)
+                if not probed:  # the probes among the rows were judged above; older ones are judged here
+                    slowest = straggler(run)
                 if slowest:
                     message += f"; the slowest rank is {slowest[0]} on {slowest[1]}"
                 if raise_alert(run, SLOW, message, node=slowest[1] if slowest else ""):

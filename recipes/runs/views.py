@@ -139,6 +139,7 @@ def run_context(run, full_log=False):
     )  # fmt: skip
     return {
         "summary": runs.summary(run),
+        "alerts": alerts.banners(run),
         "charts": training_charts(rows) + ([straggler] if straggler else []),
         "log": runs.log_view(run.log_tail, full=full_log),
         "full_log": full_log,
