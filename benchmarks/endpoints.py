@@ -4,12 +4,15 @@
 - :predict p50/p95 latency and requests/s through the router with 1 and 2 replicas, and straight to one
   replica (the router's overhead as a ratio);
 - an alias-style roll (v1 -> v2, one replica): seconds from the change until the old replica stopped,
-  and failed requests among those a client sent meanwhile.
+  and the answers (by HTTP status) to what `roll clients` clients sent meanwhile, each calling again as
+  soon as it is answered (the router's queue is sized to hold them all, so any answer but 200 is one
+  the roll cost).
 
 The reconcile loop runs in this process (what the Celery beat task runs every few seconds).
-Usage: .venv/bin/python benchmarks/endpoints.py [requests per measure (300)] [clients (4)]
+Usage: .venv/bin/python benchmarks/endpoints.py [requests per measure (300)] [clients (4)] [roll clients (1)]
 """
 
+import collections
 import json
 import os
 import shutil
@@ -32,8 +35,12 @@ def free_port():
 
 
 MLFLOW_PORT, ROUTER_PORT = free_port(), free_port()
+ROLL_CLIENTS = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 scratch_django(
+    CELERY_TASK_ALWAYS_EAGER="1",  # operations the reconcile starts (staging a version) run in its thread
+    ROUTER_QUEUE_PER_REPLICA=str(max(32, ROLL_CLIENTS)),  # every roll client waits its turn, none is refused
     MLFLOW_TRACKING_URI=f"http://127.0.0.1:{MLFLOW_PORT}",
+    MLFLOW_PASSWORD_FILE=str(WORK / "mlflow" / "password"),  # scripts/mlflow.sh's, for the folder it is given
     ROUTER_PORT=str(ROUTER_PORT),
     ROUTER_SAMPLE_SECONDS="1",
     ROUTER_REFRESH_SECONDS="0.3",
@@ -130,7 +137,7 @@ def main(requests, clients):
 
         wait_for(mlflow_up, 120, "MLflow")
         sys.path.insert(0, str(ROOT))
-        from tests.test_registry import a_version
+        from tests.factories import a_version
 
         a_version(project, "tiny", WORK)
         a_version(project, "tiny", WORK)
@@ -168,18 +175,22 @@ def main(requests, clients):
             while running[0]:
                 statuses.append(post(routed, {"instances": ["x"]}, token))
 
-        thread = threading.Thread(target=caller)
-        thread.start()
+        threads = [threading.Thread(target=caller) for _ in range(ROLL_CLIENTS)]
+        for thread in threads:
+            thread.start()
+        time.sleep(2)  # every client has a request in flight or queued
+        statuses.clear()
         started = time.monotonic()
         serving.change_endpoint(endpoint, {"version": 2})
         old = Replica.objects.filter(endpoint=endpoint, version__version=1, state__in=ReplicaState.running())
         wait_for(lambda: not old.exists(), 180, "the roll")
         rolled = time.monotonic() - started
         running[0] = False
-        thread.join()
-        failed = sum(status != 200 for status in statuses)
-        print(f"roll v1 -> v2: {rolled:.1f} s until the old replica stopped (drained once nothing was in flight); "
-              f"{failed} failed of {len(statuses)} requests during it")  # fmt: skip
+        for thread in threads:
+            thread.join()
+        answers = ", ".join(f"{n} x {code}" for code, n in sorted(collections.Counter(statuses).items()))
+        print(f"roll v1 -> v2 under {ROLL_CLIENTS} client(s): {rolled:.1f} s until the old replica stopped (drained "
+              f"once nothing was in flight); answers during it: {answers or 'none'} (599: no answer)")  # fmt: skip
     finally:
         if reconciler:
             reconciler.running = False
