@@ -11,7 +11,6 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from _setup import scratch_django
 
@@ -37,14 +36,9 @@ def main():
         profile = dict(recipe["profiles"]["full"])
         if args.layers:
             profile["layers"] = args.layers
-        world, tensor = profile["nodes"] * profile["ranks_per_node"], profile.get("tensor", 1)
-        plan = {
-            "recipe": recipe, "profile": profile, "profile_name": "full", "tensor": tensor,
-            "global_batch": profile["global_batch"], "steps": 10, "accelerator": None, "estimate": None,
-            "dataset": None, "register_as": None, "init_from": None, "cluster": None, "ranks": world,
-        }  # fmt: skip
+        tensor = profile.get("tensor", 1)
         folder = Path(tempfile.mkdtemp(prefix="tcc-fit-"))
-        config = launch.resolve_config(plan, folder, SimpleNamespace(folder=str(folder)))
+        config, world = launch.offline_config(recipe_id, folder, profile=profile)
         started = time.perf_counter()
         traced = memory.trace(config, world)
         seconds = time.perf_counter() - started

@@ -32,16 +32,24 @@ PUBLISHED = {
 
 def full_config(recipe_id, tmp_path, profile_name="full", profile=None):
     """train.py's config for the recipe's full (or other) profile, as a launch resolves it."""
-    recipe = get_recipe(recipe_id)
-    profile = profile or recipe["profiles"][profile_name]
-    ranks = profile["nodes"] * profile.get("ranks_per_node", 1)
-    plan = {
-        "recipe": recipe, "profile": profile, "profile_name": profile_name, "tensor": profile.get("tensor", 1),
-        "global_batch": profile.get("global_batch") or profile["micro_batch"] * ranks, "steps": 10,
-        "accelerator": None, "estimate": None, "dataset": None, "register_as": None, "init_from": None,
-        "cluster": None, "ranks": ranks,
-    }  # fmt: skip
-    return launch.resolve_config(plan, tmp_path, SimpleNamespace(folder=str(tmp_path)))
+    return launch.offline_config(recipe_id, tmp_path, profile_name=profile_name, profile=profile)[0]
+
+
+def test_it_prints_a_profiles_config_for_the_memory_trace_without_a_cluster(tmp_path):
+    import io
+    import json
+
+    from django.core.management import CommandError, call_command
+
+    out, err = io.StringIO(), io.StringIO()
+    call_command("recipe_config", "llama3.1-70b-pretrain", "--layers", "2", "--output-dir", str(tmp_path),
+                 stdout=out, stderr=err)  # fmt: skip
+    config = json.loads(out.getvalue())
+    assert config["model"]["layers"] == 2 and config["model"]["hidden_size"] == 8192
+    assert config["output_dir"] == str(tmp_path) and config["parallel"]["tensor"] == 4
+    assert "--ranks 32" in err.getvalue()
+    with pytest.raises(CommandError, match="unknown profile; choose one of: tiny, full"):
+        call_command("recipe_config", "llama3.1-8b-sft", "--profile", "huge", stdout=out)
 
 
 def parameters(model):

@@ -16,6 +16,7 @@ import sys
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 from django.db import transaction
 from django.utils import timezone
@@ -429,6 +430,27 @@ def resolve_config(launch, work_dir, runtime):
         if recipe["kind"] == "cpt":  # continued pretraining carries on the step count: `steps` more
             config.update(steps=saved + launch["steps"], continue_steps=True)
     return config
+
+
+def offline_config(recipe_id, work_dir, *, profile_name="full", profile=None, steps=10):
+    """(train.py's config, ranks) for a catalog profile on its own layout, resolved as a launch would but
+    without a cluster (no dataset of the user's, no init_from, nothing staged or written): what the memory
+    trace (`python -m recipes.node.memory CONFIG --ranks N`), the benchmarks and the catalog's tests
+    build models from. `profile` replaces the catalog's (a shallower copy, say)."""
+    recipe = get_recipe(recipe_id)
+    if recipe is None:
+        raise FieldErrors({"recipe": [f"unknown recipe; choose one of: {', '.join(recipes())}"]})
+    if profile is None and profile_name not in recipe["profiles"]:
+        raise FieldErrors({"profile": [f"unknown profile; choose one of: {', '.join(recipe['profiles'])}"]})
+    profile = profile or recipe["profiles"][profile_name]
+    ranks = profile["nodes"] * (profile.get("ranks_per_node") or profile.get("gpus_per_node") or 1)
+    plan = {
+        "recipe": recipe, "profile": profile, "profile_name": profile_name, "tensor": profile.get("tensor", 1),
+        "global_batch": profile.get("global_batch") or profile["micro_batch"] * ranks, "steps": steps,
+        "accelerator": None, "estimate": None, "dataset": None, "register_as": None, "init_from": None,
+        "cluster": None,
+    }  # fmt: skip
+    return resolve_config(plan, work_dir, SimpleNamespace(folder=str(work_dir))), ranks
 
 
 def render_script(run_name, launch, work_dir, runtime):
