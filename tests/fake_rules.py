@@ -257,6 +257,46 @@ def a_reservation_with_its_own_placement_takes_no_other(request):
     return None
 
 
+# https://cloud.google.com/compute/docs/instances/placement-policies-overview (compact placement policies'
+# table, max distance "Unspecified": these machine series, at most 1,500 instances a policy).
+COMPACT_SERIES = ("a2", "a3", "c2", "c2d", "c3", "c3d", "c4", "g2", "h3", "n2", "n2d")
+COMPACT_MAX_INSTANCES = 1500
+
+
+@rule("https://cloud.google.com/compute/docs/instances/placement-policies-overview#compact-placement-policy",
+      *INSTANCE_REQUESTS)  # fmt: skip
+def compact_placement_takes_its_machine_series_and_size(request):
+    """A compact placement policy (no maximum distance) takes only its machine series and at most
+    1,500 instances; a bulkInsert from a template carries the template's policies."""
+    properties = request.properties
+    template = request.body.get("sourceInstanceTemplate", "") if request.verb == "bulkInsert" else ""
+    if template:
+        properties = (request.resources.get("/compute/v1/" + template.split("/compute/v1/", 1)[-1].lstrip("/"))
+                      or {}).get("properties") or properties  # fmt: skip
+    for policy in properties.get("resourcePolicies") or []:
+        name = policy.rsplit("/", 1)[-1]
+        found = next((r for k, r in request.resources.items() if k.endswith(f"/resourcePolicies/{name}")), None)
+        placement = (found or {}).get("groupPlacementPolicy") or {}
+        if placement.get("collocation") != "COLLOCATED" or placement.get("maxDistance"):
+            continue
+        if family(properties) not in COMPACT_SERIES:
+            return refuse(request, f"{request.at}.resourcePolicies", name,
+                          f"Compact placement policies are not supported for machine type "
+                          f"{machine_type(properties)}.")  # fmt: skip
+        if request.verb == "insert" and request.collection == "instanceTemplates":
+            continue
+        new = int(request.body.get("count") or 1) if request.verb == "bulkInsert" else 1
+        held = sum(
+            1 for key, instance in request.resources.items() if "/instances/" in key
+            and name in [p.rsplit("/", 1)[-1] for p in instance.get("resourcePolicies") or []]
+        )  # fmt: skip
+        if held + new > COMPACT_MAX_INSTANCES:
+            return refuse(request, f"{request.at}.resourcePolicies", name,
+                          f"A compact placement policy holds at most {COMPACT_MAX_INSTANCES} instances; it holds "
+                          f"{held} and this request adds {new}.")  # fmt: skip
+    return None
+
+
 def find_reservation(request, value):
     name = value.rsplit("/", 1)[-1]
     for key, resource in request.resources.items():

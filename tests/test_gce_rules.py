@@ -132,6 +132,18 @@ def setup_placed_reservation(fake):
     }
 
 
+TIGHT = f"projects/{PROJECT}/regions/us-central1/resourcePolicies/tight"
+
+
+def setup_compact_policy(fake):
+    fake.resources[f"/compute/v1/{TIGHT}"] = {"name": "tight", "groupPlacementPolicy": {"collocation": "COLLOCATED"}}
+
+
+def placed(machine, disk):
+    return {**instance(machine, f"zones/{ZONE}/diskTypes/{disk}", on_host_maintenance="TERMINATE"),
+            "resource_policies": [TIGHT]}  # fmt: skip
+
+
 def image_from(fake, stop_first):
     if not any(k.endswith("/instances/vm-1") for k in fake.resources):
         insert_instance(fake, instance())
@@ -193,6 +205,11 @@ CASES = [
          lambda f: insert_instance(f, {**reserved(**SPECIFIC, values=["dense"]), "resource_policies": [
              f"projects/{PROJECT}/regions/us-central1/resourcePolicies/their-place"]}),
          "instances consuming it cannot specify another", setup=setup_placed_reservation),
+    Case("compact_placement_takes_its_machine_series_and_size",
+         lambda f: insert_instance(f, placed("a4-highgpu-8g", "hyperdisk-balanced")),
+         lambda f: insert_instance(f, placed("a3-highgpu-8g", "pd-ssd")),
+         "Compact placement policies are not supported for machine type a4-highgpu-8g.",
+         setup=setup_compact_policy),
     Case("metadata_fits_its_limits", lambda f: insert_instance(f, with_metadata(300 * 1024)),
          lambda f: insert_instance(f, with_metadata(200 * 1024)), "exceeds the limit of 262144 bytes"),
     Case("bulk_insert_stays_within_its_count", lambda f: bulk_insert(f, 5001, names_count=1),
@@ -226,6 +243,32 @@ CASES = [
          "The disk resource 'projects/tcc-test/zones/us-central1-b/disks/vm-1' is already being used by "
          "'projects/tcc-test/zones/us-central1-b/instances/vm-1'", reason="resourceInUseByAnotherResource"),
 ]  # fmt: skip
+
+
+def test_a_compact_placement_policy_holds_at_most_1500_instances(fake):
+    setup_compact_policy(fake)
+    for i in range(1499):
+        fake.resources[f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/held-{i}"] = {
+            "resourcePolicies": [TIGHT]
+        }
+    insert_instance(fake, {**placed("a3-highgpu-8g", "pd-ssd"), "name": "vm-1500"})  # the 1,500th
+    with pytest.raises(exceptions.BadRequest) as refused:
+        insert_instance(fake, {**placed("a3-highgpu-8g", "pd-ssd"), "name": "vm-1501"})
+    assert "holds at most 1500 instances; it holds 1500 and this request adds 1" in refused.value.message
+
+
+def test_it_gives_no_pool_a_compact_policy_google_would_refuse():
+    from clusters.backends.gce.instances import uses_own_placement
+
+    def pool(machine, nodes, most=None):
+        scaling = {"min_node_count": nodes, **({"max_node_count": most} if most else {})}
+        return {"id": "p", "machine_spec": {"machine_type": machine, "accelerator_count": 8}, "scaling_spec": scaling}
+
+    assert uses_own_placement(pool("a3-megagpu-8g", 16))
+    assert uses_own_placement(pool("a3-megagpu-8g", 1500))
+    assert not uses_own_placement(pool("a3-megagpu-8g", 1501))  # one policy holds at most 1,500
+    assert not uses_own_placement(pool("a3-megagpu-8g", 16, most=2000))  # ... at the pool's largest
+    assert not uses_own_placement(pool("a4-highgpu-8g", 16))  # A4: dense only through its reservation
 
 
 def test_every_rule_of_the_fake_has_a_case_and_a_source():

@@ -180,12 +180,29 @@ def instance_properties(cloud, pool, role, in_template=True):
     return properties
 
 
+# A compact placement policy with no maximum distance (the console's) takes these machine series, and
+# at most 1,500 instances: https://cloud.google.com/compute/docs/instances/placement-policies-overview
+# (compact placement policies' table, max distance "Unspecified": A2, A3, C2, C3, C4, C2D, C3D, G2, H3,
+# N2 and N2D; 1,500). A4 and A4X VMs are placed densely only through their reservations.
+COMPACT_SERIES = frozenset({"a2", "a3", "c2", "c2d", "c3", "c3d", "c4", "g2", "h3", "n2", "n2d"})
+COMPACT_MAX_INSTANCES = 1500
+
+
 def uses_own_placement(pool):
     """A compact placement policy of the console's own: GPU pools that consume no specific reservation
-    (a reservation brings its placement, and its VMs may carry no other)."""
+    (a reservation brings its placement, and its VMs may carry no other), of a machine series that
+    takes one, and no larger (at their largest) than one policy may hold."""
     affinity = pool["machine_spec"].get("reservation_affinity") or {}
     specific = (affinity.get("reservation_affinity_type") or "SPECIFIC_RESERVATION") == "SPECIFIC_RESERVATION"
-    return is_gpu_pool(pool) and not (affinity and specific)
+    series = pool["machine_spec"]["machine_type"].split("-", 1)[0]
+    scaling = pool.get("scaling_spec") or {}
+    largest = max(pool_node_count(pool), int(scaling.get("max_node_count") or 0))
+    return (
+        is_gpu_pool(pool)
+        and not (affinity and specific)
+        and series in COMPACT_SERIES
+        and largest <= COMPACT_MAX_INSTANCES
+    )
 
 
 def create_template(cloud, pool):
