@@ -145,6 +145,17 @@ def test_the_inventory_reads_real_listings():
     assert gpu_inventory.gpu_inventory({**simulated, "gpus_per_node": 4}).status == FAIL
 
 
+def test_the_inventory_knows_each_machine_types_gpu_by_its_real_name():
+    b200 = gpu.Output(0, fixture("nvidia-smi-list-b200.txt"), "")
+    h100 = gpu.Output(0, fixture("nvidia-smi-list-h100-pcie.txt"), "")
+    assert gpu_inventory.judge(b200, 2, "NVIDIA_B200").status == PASS  # A4
+    refused = gpu_inventory.judge(b200, 2, "NVIDIA_H200_141GB")  # an A3 Ultra partition with B200s in it
+    assert refused.status == FAIL and refused.reason == "found 2 GPUs, expected 2 x H200"
+    assert gpu_inventory.judge(h100, 2, "NVIDIA_H100_80GB").status == PASS  # A3 High and Edge
+    assert gpu_inventory.judge(b200, 2, "NVIDIA_H100_80GB").status == FAIL  # once any model passed there
+    assert gpu_inventory.judge(b200, 8, "NVIDIA_B200").reason == "found 2 GPUs, expected 8 x B200"
+
+
 def test_every_simulated_output_exists():
     from clusters.health.simulated import TOOLS
 

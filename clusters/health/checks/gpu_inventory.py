@@ -3,7 +3,14 @@
 from .. import FAIL, PASS, SKIPPED, Result, check
 from .gpu import run
 
-MODELS = {"NVIDIA_H100_MEGA_80GB": "H100", "NVIDIA_H200_141GB": "H200", "NVIDIA_B200": "B200"}
+# The partition's accelerator type -> what `nvidia-smi -L` names its GPUs with ("NVIDIA H100 80GB HBM3"
+# on A3 High, Edge and Mega, "NVIDIA H200" on A3 Ultra, "NVIDIA B200" on A4: tests/fixtures/gpu/).
+MODELS = {
+    "NVIDIA_H100_80GB": "H100",
+    "NVIDIA_H100_MEGA_80GB": "H100",
+    "NVIDIA_H200_141GB": "H200",
+    "NVIDIA_B200": "B200",
+}
 
 
 @check("gpu_inventory")
@@ -11,8 +18,13 @@ def gpu_inventory(context):
     output = run(["nvidia-smi", "-L"], context)
     if output is None:
         return Result(SKIPPED, reason="no GPU (nvidia-smi not found)")
+    return judge(output, context.get("gpus_per_node", 0), context.get("accelerator_type", ""))
+
+
+def judge(output, expected, accelerator_type):
+    """The listing (a gpu.Output) against `expected` GPUs of the accelerator type's model."""
     gpus = [line for line in output.stdout.splitlines() if line.startswith("GPU ")]
-    expected, model = context.get("gpus_per_node", 0), MODELS.get(context.get("accelerator_type", ""), "")
+    model = MODELS.get(accelerator_type, "")
     wrong = [g for g in gpus if model and model not in g]
     values = {"count": len(gpus), "models": sorted({g.split(":")[1].split("(")[0].strip() for g in gpus})}
     threshold = {"count": expected, "model": model}
