@@ -31,7 +31,7 @@ def config(folder, family="llama", **changes):
         "parallel": {"tensor": 2, "global_batch": 16, "activation_checkpointing": True},
     }  # fmt: skip
     for key, value in changes.items():
-        if key in ("tensor", "global_batch"):
+        if key in ("tensor", "global_batch", "async_checkpoint"):
             values["parallel"][key] = value
         else:
             values[key] = value
@@ -82,6 +82,44 @@ def test_a_sharded_checkpoint_resumes_bit_exactly_and_loads_on_another_world_siz
             assert resumed["resharded"] is True and result["world"] == 2
             assert abs(result["final_loss"] - whole["final_loss"]) < 1e-4
     assert not list((tmp_path / "whole" / "checkpoints").glob(".tmp-*"))  # written atomically
+
+
+def test_an_asynchronous_save_trains_as_a_blocking_one_and_resumes_bit_exactly(tmp_path):
+    """The full profiles' saves are written while training goes on (dcp.async_save over a gloo group of
+    their own): the same steps, whole step-N folders once the run ends, and one resumes exactly."""
+    changes = {"steps": 8, "checkpoint_every": 4, "log_every": 4}
+    blocking = train(config(tmp_path / "blocking", **changes), ranks=2)
+    behind = train(config(tmp_path / "behind", async_checkpoint=True, **changes), ranks=2)
+    assert losses(tmp_path / "behind") == losses(tmp_path / "blocking")
+    assert behind["final_loss"] == blocking["final_loss"]
+    saved = [json.loads(line) for line in (tmp_path / "behind" / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["step"], e["asynchronous"]) for e in saved] == [("checkpoint_saved", 4, True),
+                                                                           ("checkpoint_saved", 8, True)]  # fmt: skip
+    kept = tmp_path / "behind" / "checkpoints"
+    assert sorted(p.name for p in kept.iterdir()) == ["step-4", "step-8"]  # renamed whole, no .tmp left
+    assert json.loads((kept / "step-4" / "meta.json").read_text())["position"] == 4
+    again = config(tmp_path / "again", **changes)
+    shutil.copytree(kept / "step-4", again / "checkpoints" / "step-4")  # as if killed after step 4
+    assert train(again, ranks=2)["final_loss"] == blocking["final_loss"]
+
+
+def test_an_asynchronous_save_returns_before_its_folder_is_written_and_finish_makes_it_whole(tmp_path):
+    import torch
+
+    from recipes.node import distributed
+
+    model = torch.nn.Linear(512, 512)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 512)).sum().backward()
+    optimizer.step()
+    saver = distributed.Checkpointer(tmp_path, distributed.Layout(0, 1, 0, 1, 1, 0), asynchronous=True)
+    saver.save(3, model, optimizer, {"position": 3})
+    step, folder, _, _, writing = saver.pending
+    assert (step, folder.name) == (3, ".tmp-step-3") and not (tmp_path / "step-3").exists()
+    saver.finish()
+    assert writing.done() and saver.pending is None and not folder.exists()
+    assert json.loads((tmp_path / "step-3" / "meta.json").read_text())["step"] == 3
+    assert list((tmp_path / "step-3").glob("*.distcp"))
 
 
 def test_grpo_raises_the_mean_reward_of_the_shipped_task(tmp_path):

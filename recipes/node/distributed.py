@@ -351,36 +351,76 @@ def latest(folder):
     return found[-1] if found else None
 
 
-def save(folder, step, model, optimizer, train_state, layout, keep=2, extra=None):
-    """step-N/: DCP shards of the model and optimizer, train_state.pt (scheduler, data position),
-    meta.json and rng-<rank>.pt (and what `extra(folder)` writes, on rank 0); written to .tmp-step-N and
-    renamed once every rank has written."""
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+class Checkpointer:
+    """A run's step-N checkpoints: DCP shards of the model and optimizer, train_state.pt (scheduler, data
+    position), meta.json and rng-<rank>.pt (and what `extra(folder)` writes, on rank 0), written to
+    .tmp-step-N and renamed into place once every rank has written, so a step-N folder is always whole.
 
-    started = time.perf_counter()
-    tmp = folder / f".tmp-step-{step}"
-    if layout.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    layout.barrier()
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp))
-    torch.save(rng_state(), tmp / f"rng-{layout.rank}.pt")
-    layout.barrier()
-    if layout.rank == 0:
-        if extra is not None:
-            extra(tmp)
-        torch.save(train_state, tmp / "train_state.pt")
-        meta = {"step": step, "position": train_state["position"], "world": layout.world, "tp": layout.tp,
-                "format": "dcp"}  # fmt: skip
-        (tmp / "meta.json").write_text(json.dumps(meta))
-        os.replace(tmp, folder / f"step-{step}")
-        for old in steps_in(folder)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    layout.barrier()
-    return time.perf_counter() - started
+    With `asynchronous` (the full profiles on GPUs), a save blocks the training loop only while each
+    rank's shards are copied to host memory (torch.distributed.checkpoint.async_save); they are written
+    in a thread while training goes on, over a gloo group of their own (no NCCL collective runs off the
+    main stream), and the folder is renamed at the next save or at finish(). A run that dies with a save
+    in flight resumes from the one before: its .tmp folder never becomes step-N."""
+
+    def __init__(self, folder, layout, keep=2, asynchronous=False):
+        self.folder, self.layout, self.keep, self.asynchronous = folder, layout, keep, asynchronous
+        self.pending = None  # (step, tmp folder, train_state, extra, the async save's future or None)
+        self.group = None
+        if asynchronous and layout.world > 1:
+            import torch.distributed as dist
+
+            self.group = dist.new_group(backend="gloo")  # every rank makes it, in the same order
+
+    def save(self, step, model, optimizer, train_state, extra=None):
+        """Save step `step`; returns the seconds the training loop waited (the whole save when not
+        asynchronous)."""
+        import copy
+
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        started = time.perf_counter()
+        self.finish()  # the save before is whole before this one starts
+        tmp = self.folder / f".tmp-step-{step}"
+        if self.layout.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.layout.barrier()
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        torch.save(rng_state(), tmp / f"rng-{self.layout.rank}.pt")
+        if self.asynchronous:
+            future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
+            self.pending = (step, tmp, copy.deepcopy(train_state), extra, future)
+        else:
+            dcp.save(state, checkpoint_id=str(tmp))
+            self.pending = (step, tmp, train_state, extra, None)
+            self.finish()
+        return time.perf_counter() - started
+
+    def finish(self):
+        """Wait for the save in flight, if any, and rename it into place (every rank calls it)."""
+        import torch
+
+        if self.pending is None:
+            return
+        step, tmp, train_state, extra, future = self.pending
+        self.pending = None
+        if future is not None:
+            future.result()
+        self.layout.barrier()
+        if self.layout.rank == 0:
+            if extra is not None:
+                extra(tmp)
+            torch.save(train_state, tmp / "train_state.pt")
+            meta = {"step": step, "position": train_state["position"], "world": self.layout.world,
+                    "tp": self.layout.tp, "format": "dcp"}  # fmt: skip
+            (tmp / "meta.json").write_text(json.dumps(meta))
+            os.replace(tmp, self.folder / f"step-{step}")
+            for old in steps_in(self.folder)[: -self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.layout.barrier()
 
 
 def load(source, model, optimizer, layout):

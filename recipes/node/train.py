@@ -7,7 +7,8 @@ gloo on CPU. Ranks come from torchrun's variables or, under plain srun, from Slu
 
 Checkpoints are atomic (written to a temporary folder, then renamed) every `checkpoint_every` steps
 and hold the model, optimizer, scheduler, every rank's RNG states, the step and the data position,
-so a requeued job resumes bit-exactly from the latest one. `init_from` starts continued pretraining
+so a requeued job resumes bit-exactly from the latest one; with `parallel.async_checkpoint` (the full
+profiles) a save is written while training goes on (distributed.Checkpointer). `init_from` starts continued pretraining
 from another run's checkpoint: its weights and its step count, with a fresh optimizer.
 
 Metrics go to `metrics.jsonl` (one JSON object per logged step) and TensorBoard event files.
@@ -352,6 +353,8 @@ def train(config):
     if rank == 0:
         checkpoints.mkdir(parents=True, exist_ok=True)
     layout.barrier()
+    asynchronous = bool(parallel.get("async_checkpoint", False))
+    checkpointer = distributed.Checkpointer(checkpoints, layout, asynchronous=asynchronous)
     # "sharded" (the full profiles): built on the meta device, sharded, then each rank allocates and
     # fills only its shards (recipes/node/distributed.materialise). "whole" (the tiny profiles): every
     # rank builds the same seeded model and shards it, so any layout starts from the very weights one
@@ -500,10 +503,9 @@ def train(config):
                 log(rank, f"step {step} loss {record['loss']:.4f} tokens/s {record['tokens_per_s']}")
         if step % config["checkpoint_every"] == 0 or step == config["steps"]:
             train_state = {"scheduler": scheduler.state_dict(), "position": position}
-            seconds = distributed.save(
-                checkpoints, step, model, optimizer, train_state, layout, extra=keep_architecture
-            )
-            event(out, rank, "checkpoint_saved", step=step, seconds=round(seconds, 4))
+            seconds = checkpointer.save(step, model, optimizer, train_state, extra=keep_architecture)
+            event(out, rank, "checkpoint_saved", step=step, seconds=round(seconds, 4), asynchronous=asynchronous)
+    checkpointer.finish()  # the last checkpoint is whole before the run ends (and its model is exported)
     peak = layout.max(distributed.peak_memory_mb())
     if rank == 0:
         writer.close()

@@ -391,6 +391,8 @@ def resolve_config(launch, work_dir, runtime):
             "global_batch": launch["global_batch"],
             "activation_checkpointing": True,
             "loss_chunk": profile.get("loss_chunk"),
+            # GPU runs write checkpoints while they train (a 70B's shards take minutes to write).
+            "async_checkpoint": launch["profile_name"] == "full",
         },
         "lr": profile.get("lr", 3e-4),
         "steps": launch["steps"],
