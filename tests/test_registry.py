@@ -151,6 +151,18 @@ def test_a_launch_from_an_unknown_version_or_alias_is_refused_with_the_reason(al
         assert f"no registered model version {ref}" in refused.value.errors["init_from"][0]
 
 
+def test_a_kept_checkpoint_that_a_newer_one_replaced_leaves_the_registry(alpha, mlflow_server, tmp_path):
+    from recipes.registry import archive
+
+    mlflow = registry.client()
+    run_id = mlflow.create_run(registry.experiment_id(mlflow, alpha)).info.run_id
+    (tmp_path / "meta.json").write_text("{}")
+    for step in (4, 8):
+        mlflow.log_artifacts(run_id, str(tmp_path), f"checkpoints/step-{step}")
+    archive.forget(run_id, 4)
+    assert [f.path for f in mlflow.list_artifacts(run_id, "checkpoints")] == ["checkpoints/step-8"]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_runs_register_themselves_and_their_versions_outlive_the_cluster(
     celery_worker, slurm, mlflow_server, alice_api, alice, client, charlie

@@ -147,7 +147,8 @@ def forget(run_id, step):
     try:
         with answering("delete a replaced checkpoint"):
             uri = client().get_run(run_id).info.artifact_uri
-            get_artifact_repository(uri).delete_artifacts(f"checkpoints/step-{step}")
+            repository = get_artifact_repository(uri, tracking_uri=settings.MLFLOW_TRACKING_URI)  # not MLflow's global
+            repository.delete_artifacts(f"checkpoints/step-{step}")
     except ConsoleError as exc:
         log.warning("run %s: the replaced checkpoint step-%s stays in the registry: %s", run_id, step, exc)
 
