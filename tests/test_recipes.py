@@ -168,6 +168,16 @@ def test_a_launch_from_a_deleted_clusters_run_whose_checkpoint_the_registry_lack
     old.save()
     response = launch(rita_api, recipe="llama3.1-8b-cpt", init_from=str(old.uuid), steps=1)
     assert "over the 4.0 GiB the console copies" in response.json()["init_from"][0]
+    # Another project's run, its checkpoint kept or not, is no run of this project's.
+    from clusters.models import Project
+
+    elsewhere = Project.objects.create(slug="elsewhere", name="Elsewhere")
+    gone.project = elsewhere
+    gone.save()
+    old.archive = {"step": 6, "bytes": 1000, "final": True}
+    old.save()
+    response = launch(rita_api, recipe="llama3.1-8b-cpt", init_from=str(old.uuid), steps=1)
+    assert "starts from a run of this project" in response.json()["init_from"][0]
     assert Run.objects.count() == before
 
 

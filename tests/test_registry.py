@@ -163,6 +163,38 @@ def test_a_kept_checkpoint_that_a_newer_one_replaced_leaves_the_registry(alpha, 
     assert [f.path for f in mlflow.list_artifacts(run_id, "checkpoints")] == ["checkpoints/step-8"]
 
 
+def test_a_delete_whose_agent_is_silent_tries_one_run_and_says_which_were_not_kept(alpha, alice, scripted,
+                                                                                   monkeypatch):  # fmt: skip
+    from types import SimpleNamespace
+
+    from clusters.services import create_cluster
+    from console.errors import Unavailable
+    from recipes.models import Run, RunStatus
+    from recipes.runs import keep
+
+    from .conftest import provisioned, scripted_spec
+
+    cluster = create_cluster(project=alpha, name="silent", spec=scripted_spec(), user=alice).cluster
+    provisioned(name="silent")
+    runs = [Run.objects.create(cluster=cluster, recipe_id="llama3.1-8b-pretrain", profile="tiny", partition="cpu",
+                               nodes=1, steps=6, config={}, script="", work_dir=f"/h/runs/{i}",
+                               status=RunStatus.COMPLETED) for i in range(3)]  # fmt: skip
+    tried = []
+
+    def silent(run, final):
+        tried.append(run.pk)
+        raise Unavailable("the cluster agent does not answer")
+
+    monkeypatch.setattr(registry, "keep", silent)
+    keep.keep_runs(SimpleNamespace(cluster=cluster, operation=None, heartbeat=lambda detail="": None))
+    assert len(tried) == 1  # not one agent timeout per run
+    for run in runs:
+        run.refresh_from_db()
+        assert run.archive["final"] and run.archive["skipped"].endswith("the cluster agent does not answer")
+    warning = cluster.events.get(level="WARNING")
+    assert warning.message.startswith("3 run(s) not kept in the registry before the cluster's deletion: ")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_runs_register_themselves_and_their_versions_outlive_the_cluster(
     celery_worker, slurm, mlflow_server, alice_api, alice, client, charlie

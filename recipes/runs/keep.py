@@ -12,7 +12,7 @@ from clusters import operations
 from clusters.choices import EventLevel, OperationKind
 from clusters.events import record_event
 from clusters.work import Step
-from console.errors import ConsoleError
+from console.errors import ConsoleError, Unavailable
 
 from .. import registry
 from ..models import Run, RunStatus
@@ -27,11 +27,14 @@ def keep_steps(ctx):
 
 def keep_runs(ctx):
     cluster = ctx.cluster
+    unreachable = ""  # once the cluster's agent does not answer, no other run of it is tried
+    lost = []
     for run in cluster.runs.exclude(status=RunStatus.SUBMITTING).select_related("cluster__project"):
         ctx.heartbeat(f"keeping run {run.recipe_id} ({str(run.uuid)[:8]})")
         if run.status in RunStatus.active():
-            with contextlib.suppress(ConsoleError):
-                read_progress(run)  # the steps it logged last
+            if not unreachable:
+                with contextlib.suppress(ConsoleError):
+                    read_progress(run)  # the steps it logged last
             if run.set_status(
                 RunStatus.CANCELLED,
                 expected=RunStatus.active(),
@@ -46,19 +49,30 @@ def keep_runs(ctx):
                 )
         if (run.archive or {}).get("final"):
             continue
-        try:
-            registry.keep(run, final=True)
-        except ConsoleError as exc:
-            archive = {**(run.archive or {}), "final": True}
-            archive.setdefault("skipped", f"it was not kept before its cluster was deleted: {exc.message}")
-            Run.objects.filter(pk=run.pk).update(archive=archive)
-            record_event(
-                cluster,
-                f"Run {run.recipe_id} ({str(run.uuid)[:8]}): its files could not be kept in the registry "
-                f"before the cluster's deletion: {exc.message}",
-                level=EventLevel.WARNING,
-                operation=ctx.operation,
-            )
+        reason = unreachable
+        if not reason:
+            try:
+                registry.keep(run, final=True)
+                continue
+            except registry.RegistryUnavailable as exc:
+                reason = exc.message
+            except Unavailable as exc:
+                reason = unreachable = exc.message
+            except ConsoleError as exc:
+                reason = exc.message
+        archive = {**(run.archive or {}), "final": True}
+        archive.setdefault("skipped", f"it was not kept before its cluster was deleted: {reason}")
+        Run.objects.filter(pk=run.pk).update(archive=archive)
+        lost.append((run, reason))
+    if lost:
+        names = ", ".join(f"{run.recipe_id} ({str(run.uuid)[:8]})" for run, _ in lost[:5])
+        more = f" and {len(lost) - 5} more" if len(lost) > 5 else ""
+        record_event(
+            cluster,
+            f"{len(lost)} run(s) not kept in the registry before the cluster's deletion: {names}{more}: {lost[0][1]}",
+            level=EventLevel.WARNING,
+            operation=ctx.operation,
+        )
 
 
 operations.extend(OperationKind.DELETE, operations.Extension(first_steps=keep_steps))
