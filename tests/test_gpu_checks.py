@@ -128,6 +128,13 @@ def test_hardware_xids_fail_program_xids_are_ignored_and_the_rest_warn():
     )
     assert xid.read(program)[0] == PASS
     assert xid.read("NVRM: Xid (PCI:0000:3b:00): 999, something new")[0] == WARN
+    # Blackwell's (NVIDIA's memory error management guide): the SRAM side of an uncorrectable error fails,
+    # memory marked for repair waits for a reset.
+    blackwell = xid.read("NVRM: Xid (PCI:0000:8f:00): 172, pid=1\nNVRM: Xid (PCI:0000:90:00): 160, pid=2\n")
+    assert blackwell[0] == FAIL and blackwell[2] == (
+        "Xid 172 x1 on 0000:8f:00: uncorrectable SRAM ECC error (with Xid 48); "
+        "Xid 160 x1 on 0000:90:00: GPU memory marked for repair (a reset applies it)"
+    )
     assert xid.xid({"faults": {"gpu": "xid"}}).status == FAIL
 
 
