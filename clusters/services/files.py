@@ -73,14 +73,12 @@ def prune_files(cluster, path, older_than):
 PART = 4 << 20  # the agent's largest read and write
 
 
-def download_folder(cluster, path, target):
+def download_folder(cluster, path, target, files=None):
     """Copy the files of the cluster's folder `path` (not its subfolders) into the local folder
-    `target`, in parts; returns the bytes copied."""
+    `target`, in parts; returns the bytes copied. `files`: what file_sizes() already found there."""
     target.mkdir(parents=True, exist_ok=True)
     total = 0
-    for name in list_files(cluster, path):
-        if agent_call(cluster, "stat", f"{path}/{name}")["is_dir"]:
-            continue
+    for name in file_sizes(cluster, path) if files is None else files:
         with (target / name).open("wb") as handle:
             offset = 0
             while chunk := read_file(cluster, f"{path}/{name}", offset=offset, limit=PART):

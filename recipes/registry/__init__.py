@@ -3,7 +3,15 @@ version onto a cluster (versions.py; as an operation of its own: staging.py), an
 checkpoints and TensorBoard files, kept so that runs outlive their cluster (archive.py). Pages, the API,
 runs and serving call these functions."""
 
-from .archive import download_tensorboard, keep, keep_files, not_kept, stage_checkpoint, staged_checkpoint_path
+from .archive import (
+    download_tensorboard,
+    keep,
+    keep_files,
+    newest_checkpoint,
+    not_kept,
+    stage_checkpoint,
+    staged_checkpoint_path,
+)
 from .staging import STAGE, start_staging
 from .versions import (
     ALIAS,
@@ -49,6 +57,7 @@ __all__ = [
     "metric_history",
     "mlflow_name",
     "model_versions",
+    "newest_checkpoint",
     "not_kept",
     "publish",
     "register_run",

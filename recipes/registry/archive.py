@@ -73,13 +73,12 @@ def keep(run, *, final=False):
             mlflow = client()
             run_id = mlflow_run(mlflow, run)
         events = clusters.file_sizes(run.cluster, run.in_home("tensorboard"))
-        if sum(events.values()) > settings.RUN_ARCHIVE_MAX_BYTES:  # scalars are KB to MB: not TensorBoard's
-            archive["tensorboard_skipped"] = (
-                f"its tensorboard folder holds {gib(sum(events.values()))}, over RUN_ARCHIVE_MAX_BYTES"
-            )
+        written = sum(events.values())
+        if written > settings.RUN_ARCHIVE_MAX_BYTES:  # scalars are KB to MB: not TensorBoard's
+            archive["tensorboard_skipped"] = f"its tensorboard folder holds {gib(written)}, over RUN_ARCHIVE_MAX_BYTES"
         elif events and events != archive.get("tensorboard"):
             local = Path(temporary) / "tensorboard"
-            clusters.download_folder(run.cluster, run.in_home("tensorboard"), local)
+            clusters.download_folder(run.cluster, run.in_home("tensorboard"), local, files=events)
             with answering("keep the run's TensorBoard files"):
                 mlflow.log_artifacts(run_id, str(local), "tensorboard")
             archive["tensorboard"] = events  # the sizes listed: a file grown since is copied again next time
@@ -99,7 +98,8 @@ def keep_checkpoint(run, run_id, step, archive, temporary):
     """(the step it replaces or None, the archive) once checkpoint `step` is in the registry, or the
     archive saying why it is not."""
     folder = run.in_home("checkpoints", f"step-{step}")
-    size = sum(clusters.file_sizes(run.cluster, folder).values())
+    files = clusters.file_sizes(run.cluster, folder)
+    size = sum(files.values())
     limit = settings.RUN_ARCHIVE_MAX_BYTES
     if size > limit:
         archive.update(
@@ -110,7 +110,7 @@ def keep_checkpoint(run, run_id, step, archive, temporary):
         return None, archive
     local = temporary / f"step-{step}"
     try:
-        copied = clusters.download_folder(run.cluster, folder, local)
+        copied = clusters.download_folder(run.cluster, folder, local, files=files)
     except Conflict:
         # train.py keeps two checkpoints and removes the older as it saves: this one went while it was
         # read. The next call keeps the newer one.

@@ -37,10 +37,10 @@ def in_run(run, *parts):
 
 def latest_checkpoint(run):
     """(absolute path on the cluster, saved step) of the run's newest checkpoint, or None."""
-    names = [n for n in clusters.list_files(run.cluster, in_run(run, "checkpoints"), "step-*") if n[5:].isdigit()]
-    if not names:
+    step = registry.newest_checkpoint(run)
+    if step is None:
         return None
-    name = max(names, key=lambda n: int(n[5:]))
+    name = f"step-{step}"
     meta = json.loads(clusters.read_file(run.cluster, in_run(run, "checkpoints", name, "meta.json")))
     return Path(run.work_dir) / "checkpoints" / name, meta["step"]
 

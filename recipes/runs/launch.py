@@ -434,17 +434,19 @@ def resolve_config(launch, work_dir, runtime):
     return config
 
 
-def offline_config(recipe_id, work_dir, *, profile_name="full", profile=None, steps=10):
+def offline_config(recipe_id, work_dir, *, profile_name="full", profile=None, layers=None, steps=10):
     """(train.py's config, ranks) for a catalog profile on its own layout, resolved as a launch would but
     without a cluster (no dataset of the user's, no init_from, nothing staged or written): what the memory
     trace (`python -m recipes.node.memory CONFIG --ranks N`), the benchmarks and the catalog's tests
-    build models from. `profile` replaces the catalog's (a shallower copy, say)."""
+    build models from. `profile` replaces the catalog's; `layers`, its number of decoder layers."""
     recipe = get_recipe(recipe_id)
     if recipe is None:
         raise FieldErrors({"recipe": [f"unknown recipe; choose one of: {', '.join(recipes())}"]})
     if profile is None and profile_name not in recipe["profiles"]:
         raise FieldErrors({"profile": [f"unknown profile; choose one of: {', '.join(recipe['profiles'])}"]})
     profile = profile or recipe["profiles"][profile_name]
+    if layers is not None:
+        profile = {**profile, "layers": layers}
     ranks = profile["nodes"] * (profile.get("ranks_per_node") or profile.get("gpus_per_node") or 1)
     plan = {
         "recipe": recipe, "profile": profile, "profile_name": profile_name, "tensor": profile.get("tensor", 1),

@@ -20,20 +20,13 @@ class Command(BaseCommand):
         parser.add_argument("--output-dir", help="the run folder the config names (default: a new temporary one)")
 
     def handle(self, *args, recipe, profile, layers, output_dir, **options):
-        from recipes.catalog import get_recipe
         from recipes.runs.launch import offline_config
 
-        chosen = None
-        if layers is not None:
-            found = get_recipe(recipe)
-            if found is None or profile not in found["profiles"]:
-                raise CommandError(f"no profile {profile!r} of recipe {recipe!r}")
-            if layers < 1:
-                raise CommandError("--layers must be at least 1")
-            chosen = {**found["profiles"][profile], "layers": layers}
+        if layers is not None and layers < 1:
+            raise CommandError("--layers must be at least 1")
         folder = output_dir or tempfile.mkdtemp(prefix="tcc-config-")
         try:
-            config, ranks = offline_config(recipe, folder, profile_name=profile, profile=chosen)
+            config, ranks = offline_config(recipe, folder, profile_name=profile, layers=layers)
         except FieldErrors as exc:
             raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.errors.items())) from None
         self.stdout.write(json.dumps(config, indent=2))
