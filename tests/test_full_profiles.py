@@ -187,8 +187,10 @@ def test_every_full_profile_fits_its_reference_machine_on_the_catalogs_layout(re
     estimate = fit.estimate(
         full, recipe["family"], tensor=full["tensor"], data=data, micro_batch=full["micro_batch"],
         seq_len=full["seq_len"], accelerator_type=REFERENCE_GPU[recipe["hardware"]["architecture"]],
+        reference=(recipe.get("rl") or {}).get("algorithm") == "dpo",
     )  # fmt: skip
     assert estimate.fits, estimate.sentence()
+    assert ("reference model" in estimate.parts) == recipe_id.endswith("-dpo")
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma"])  # gemma: the final softcap
@@ -217,13 +219,20 @@ def test_the_chunked_loss_is_the_whole_logits_loss_with_the_same_gradients(tmp_p
 @pytest.mark.parametrize("recipe_id", sorted(r for r, recipe in recipes().items() if recipe["kind"] == "rl"))
 def test_every_rl_profile_passes_its_trainers_own_checks(recipe_id, profile, tmp_path):
     """TRL checks its arguments when they are made (GRPO: the generation batch must be a multiple of the
-    generations per prompt); the full GRPO profile, one micro-batch on one process, failed that."""
-    config = full_config(recipe_id, tmp_path, profile)
-    args = train.trl_arguments(config, tmp_path)  # raises ValueError on what TRL refuses
+    generations per prompt); the full GRPO profile, one micro-batch on one process, failed that. The
+    full profiles shard the policy (and DPO's reference) with FSDP2 per decoder layer over their 8 ranks."""
+    config, world = launch.offline_config(recipe_id, tmp_path, profile_name=profile)
+    args = train.trl_arguments(config, tmp_path, world)  # raises ValueError on what TRL refuses
+    if profile == "full":
+        layer = "Gemma2DecoderLayer" if config["family"] == "gemma" else "LlamaDecoderLayer"
+        assert world == 8 and args.fsdp_config["transformer_layer_cls_to_wrap"] == [layer]
+    # Each of the layout's ranks takes its micro-batches: together, the catalog's global batch, and (GRPO)
+    # a generation batch that is a multiple of the generations per prompt, as TRL checks it on `world`
+    # processes (here, one process makes the arguments).
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+    assert per_step == config["parallel"]["global_batch"]
     if config.get("algorithm") == "grpo":
-        assert args.generation_batch_size % args.num_generations == 0
-    if profile == "full":  # the catalog's global batch, reached on one process
-        assert args.per_device_train_batch_size * args.gradient_accumulation_steps == config["parallel"]["global_batch"]
+        assert per_step % args.num_generations == 0
 
 
 TRAIN_PY_PROFILES = sorted(r for r, recipe in recipes().items() if recipe["kind"] != "rl")  # RL runs in TRL

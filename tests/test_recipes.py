@@ -139,7 +139,6 @@ def test_the_catalog_has_llama_and_gemma_recipes_of_every_kind():
         ({"stall_minutes": "0"}, "stall_minutes", "from 1 to 1440"),
         ({"recipe": "llama3.1-8b-sft"}, "init_from", "fine-tuning starts from a run of this project"),
         ({"recipe": "llama3.1-8b-grpo", "nodes": 1}, "init_from", "RL starts from a run of this project"),
-        ({"recipe": "llama3.1-8b-dpo", "nodes": 2}, "nodes", "trains in one process, on one node"),
         ({"nodes": 1, "dataset": "/etc/passwd"}, "dataset", "a .jsonl or .parquet file"),
         ({"nodes": 1, "dataset": "data/missing.jsonl"}, "dataset", "there is no data/missing.jsonl"),
         ({"nodes": 1, "dataset": "data/corpus"}, "dataset", "there is no data/corpus/index.json"),

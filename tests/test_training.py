@@ -127,8 +127,9 @@ def test_grpo_raises_the_mean_reward_of_the_shipped_task(tmp_path):
     assert pretrained["step"] == 60
     recipe = get_recipe("llama3.1-8b-grpo")
     grpo = config(
-        tmp_path / "grpo", kind="rl", steps=60, lr=5e-3, micro_batch=8, dataset=str(ROOT / recipe["dataset"]),
-        init_from=str(tmp_path / "pre" / "checkpoints" / "step-60"), **recipe["rl"],
+        tmp_path / "grpo", kind="rl", steps=60, lr=1e-2, micro_batch=8, global_batch=8,
+        dataset=str(ROOT / recipe["dataset"]), init_from=str(tmp_path / "pre" / "checkpoints" / "step-60"),
+        **recipe["rl"],
     )  # fmt: skip
     train(grpo)
     rewards = [json.loads(line)["reward"] for line in (grpo / "metrics.jsonl").read_text().splitlines()]
@@ -136,6 +137,51 @@ def test_grpo_raises_the_mean_reward_of_the_shipped_task(tmp_path):
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > first + 0.1, rewards
     assert json.loads((grpo / "checkpoints" / "step-60" / "meta.json").read_text())["format"] == "dcp"
+
+
+def test_dpo_on_two_ranks_has_the_losses_and_weights_of_one_rank_with_the_same_global_batch(tmp_path):
+    """RL trains on every rank of its layout (it ran on rank 0 alone, the other ranks exiting, so an 8B
+    policy and its reference had to fit one GPU): each rank takes half of every global batch."""
+    import torch
+
+    from recipes.node import distributed
+    from recipes.node.train import build_model
+
+    recipe = get_recipe("llama3.1-8b-dpo")
+    changes = {"kind": "rl", "steps": 4, "log_every": 1, "lr": 1e-3, "tensor": 1, "global_batch": 8,
+               "dataset": str(ROOT / recipe["dataset"]), **recipe["rl"]}  # fmt: skip
+    one = train(config(tmp_path / "one", micro_batch=8, **changes))
+    two = train(config(tmp_path / "two", micro_batch=4, **changes), ranks=2)
+    assert (one["world"], two["world"]) == (1, 2)
+    assert len(losses(tmp_path / "two")) == 4  # rank 0 writes the metrics, once a step
+    for a, b in zip(losses(tmp_path / "one"), losses(tmp_path / "two"), strict=True):
+        assert abs(a - b) < 1e-4
+    assert losses(tmp_path / "two")[-1] < losses(tmp_path / "two")[0]
+    # The checkpoint rank 0 writes from the gathered weights is the one-rank run's.
+    weights = []
+    for folder in ("one", "two"):
+        model = build_model(json.loads((tmp_path / folder / "config.json").read_text()))
+        assert distributed.load_weights(tmp_path / folder / "checkpoints" / "step-4", model) == 4
+        weights.append(model.state_dict())
+    for name, value in weights[0].items():
+        assert torch.allclose(value, weights[1][name], atol=1e-5), name
+    assert (tmp_path / "two" / "model" / "model.safetensors").exists()
+    log = (tmp_path / "two" / "run.log").read_text()
+    assert "[train] dpo on 2 rank(s), 1 micro-batch(es) of 4 per rank a step" in log
+    for noise in ("is deprecated", "examples/s", "find_unused_parameters"):
+        assert noise not in log, log
+
+
+def test_grpo_generates_and_trains_on_two_ranks(tmp_path):
+    recipe = get_recipe("llama3.1-8b-grpo")
+    grpo = config(
+        tmp_path / "grpo", kind="rl", steps=3, log_every=1, tensor=1, micro_batch=4, global_batch=8,
+        dataset=str(ROOT / recipe["dataset"]), **recipe["rl"],
+    )  # fmt: skip
+    assert train(grpo, ranks=2)["world"] == 2
+    lines = [json.loads(line) for line in (grpo / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3] and all(0 <= line["reward"] <= 1 for line in lines)
+    assert (grpo / "checkpoints" / "step-3" / "meta.json").exists()
 
 
 @pytest.mark.parametrize("recipe_id", ["gemma2-2b-dpo", "gemma2-2b-grpo"])
@@ -148,7 +194,7 @@ def test_gemma_takes_preference_and_reward_tuning_from_its_pretrained_checkpoint
     train(config(tmp_path / "pre", "gemma", model=shape, tensor=1, steps=6, checkpoint_every=6))
     tuned = config(
         tmp_path / "rl", "gemma", kind="rl", model=shape, steps=4, checkpoint_every=4, log_every=1,
-        micro_batch=tiny["micro_batch"], dataset=str(ROOT / recipe["dataset"]),
+        micro_batch=tiny["micro_batch"], global_batch=tiny["micro_batch"], dataset=str(ROOT / recipe["dataset"]),
         init_from=str(tmp_path / "pre" / "checkpoints" / "step-6"), **recipe["rl"],
     )  # fmt: skip
     train(tuned)

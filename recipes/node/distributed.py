@@ -468,13 +468,16 @@ def load_weights(source, model):
 
 
 def save_weights(folder, step, model):
-    """A one-process model's weights as a DCP checkpoint (the RL trainers'), loadable like any other."""
+    """A whole model's weights as a DCP checkpoint written by this process alone (the RL trainers' rank 0,
+    while the other ranks wait), loadable like any other."""
     import torch.distributed.checkpoint as dcp
 
     tmp = folder.parent / f".tmp-{folder.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp))
+    with warnings.catch_warnings():  # one process on purpose, as with an export's load
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp), no_dist=True)
     (tmp / "meta.json").write_text(json.dumps({"step": step, "position": 0, "world": 1, "tp": 1, "format": "dcp"}))
     os.replace(tmp, folder)
 

@@ -596,31 +596,54 @@ def word_reward(completions, answers, **kwargs):
 REWARDS = {"word_prefix": word_reward}
 
 
-def trl_arguments(config, out):
-    """TRL's arguments for the recipe's RL algorithm: DPOConfig, or GRPOConfig with the recipe's number of
-    generations per prompt. On the full profiles the global batch is reached by accumulating
-    micro-batches on the one process RL runs on, which also makes GRPO's generation batch (micro-batch
-    x accumulation) a multiple of its generations, as TRL's own check requires; the tiny profiles take
-    one micro-batch a step."""
+def trl_arguments(config, out, world=1):
+    """TRL's arguments for the recipe's RL algorithm on `world` ranks: DPOConfig, or GRPOConfig with the
+    recipe's number of generations per prompt. Each rank takes micro-batches of `micro_batch` and
+    accumulates them up to the layout's global batch (parallel.global_batch: micro-batch x data ranks x
+    accumulation, as train() splits it), which also makes GRPO's generation batch (micro-batch x ranks x
+    accumulation) a multiple of its generations, as TRL's own check requires. Over several ranks the
+    policy (and DPO's reference model) is sharded with FSDP2 per decoder layer, as train() shards its
+    models; on GPUs the full profiles compute in bf16 with activation checkpointing."""
     import torch
 
     parallel = config.get("parallel") or {}
-    accumulation = 1
-    if config.get("profile") == "full":
-        accumulation = max(1, (parallel.get("global_batch") or config["micro_batch"]) // config["micro_batch"])
+    micro = config["micro_batch"]
+    global_batch = parallel.get("global_batch") or micro * world
+    if global_batch % (micro * world):
+        raise SystemExit(
+            f"the global batch of {global_batch} does not split into micro-batches of {micro} over {world} ranks"
+        )
+    use_gpu = torch.cuda.is_available() and config.get("device", "auto") != "cpu"
+    checkpointing = bool(parallel.get("activation_checkpointing", True))
     common = {
         "output_dir": str(out / "trl"),
-        "per_device_train_batch_size": config["micro_batch"],
-        "gradient_accumulation_steps": accumulation,
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": global_batch // (micro * world),
         "max_steps": config["steps"],
         "learning_rate": config["lr"],
-        "use_cpu": not torch.cuda.is_available(),
+        "use_cpu": not use_gpu,
+        "bf16": use_gpu and config.get("precision") in ("bf16", "fp8"),
+        # Each decoder layer recomputed in the backward pass (TRL's default too), as train() does; over
+        # several ranks by FSDP's own wrapper (below), which spares the trainer's a second all-gather.
+        "activation_checkpointing": checkpointing and world == 1,
+        "activation_checkpointing_kwargs": {"use_reentrant": False},
+        "ddp_find_unused_parameters": False,  # every parameter takes part (DDP, on CPU ranks)
         "report_to": "none",
         "logging_steps": 1,
         "save_strategy": "no",
         "seed": config["seed"],
         "disable_tqdm": True,
     }
+    if world > 1:
+        layer = "Gemma2DecoderLayer" if config.get("family") == "gemma" else "LlamaDecoderLayer"
+        # On GPUs accelerate shards with FSDP2; on CPUs (gloo) it takes no FSDP and runs DDP.
+        common["fsdp"] = True
+        common["fsdp_config"] = {
+            "version": 2,
+            "transformer_layer_cls_to_wrap": [layer],
+            "reshard_after_forward": True,
+            "activation_checkpointing": checkpointing,
+        }
     if config.get("algorithm", "dpo") == "grpo":
         from trl import GRPOConfig
 
@@ -636,15 +659,35 @@ def trl_arguments(config, out):
     return DPOConfig(**common, beta=0.1, max_length=config["seq_len"])
 
 
-def train_rl(config):
-    """RL from a checkpoint with TRL on the shipped data, in one process: DPO on preference pairs, or
-    GRPO (online: the policy samples, the recipe's reward function scores) on prompts."""
-    import copy
+def rl_ranks():
+    """(rank, world) of an RL run, with the variables accelerate (under TRL) reads to join the process
+    group set from Slurm's when srun, not torchrun, started the ranks."""
+    rank, world, local_rank = dist_env()  # sets MASTER_ADDR and MASTER_PORT under Slurm
+    if world > 1:
+        local_world = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE") or "1"
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank))
+        os.environ.setdefault("LOCAL_WORLD_SIZE", local_world)
+    return rank, world
 
+
+def train_rl(config):
+    """RL from a checkpoint with TRL on the shipped data, on every rank of the layout: DPO on preference
+    pairs, or GRPO (online: the policy samples, the recipe's reward function scores) on prompts. Each
+    rank takes its share of every global batch (GRPO generates for its own prompts); over several ranks
+    the policy and DPO's reference are sharded (trl_arguments). Rank 0 writes the metrics, the
+    checkpoint and the export from the gathered weights."""
+    import copy
+    import warnings
+
+    import datasets
     from datasets import Dataset
     from torch.utils.tensorboard import SummaryWriter
     from transformers import TrainerCallback
 
+    rank, world = rl_ranks()
+    datasets.disable_progress_bars()  # bars drawn with carriage returns, by every rank, in the job's log
+    # TRL calls transformers' old names for activation checkpointing; each rank warned of each, each run.
+    warnings.filterwarnings("ignore", message=r".*is deprecated and will be removed in v6", category=FutureWarning)
     out = Path(config["output_dir"])
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     rows = read_rows(config["dataset"])
@@ -653,16 +696,21 @@ def train_rl(config):
     model = build_model(config)
     if config.get("init_from") and not config.get("init_from_hf"):
         step = distributed.load_weights(config["init_from"], model)
-        log(0, f"starting from {config['init_from']} (its step {step})")
+        if rank == 0:
+            log(0, f"starting from {config['init_from']} (its step {step})")
     model.config.max_position_embeddings = max(model.config.max_position_embeddings, config["seq_len"] * 2)
-    writer = SummaryWriter(str(out / "tensorboard"))
-    metrics = (out / "metrics.jsonl").open("a")
+    args = trl_arguments(config, out, world)  # joins the process group over several ranks
+    writer = SummaryWriter(str(out / "tensorboard")) if rank == 0 else None
+    metrics = (out / "metrics.jsonl").open("a") if rank == 0 else None
     started = time.perf_counter()
     algorithm = config.get("algorithm", "dpo")
+    if rank == 0:
+        print(f"[train] {algorithm} on {world} rank(s), {args.gradient_accumulation_steps} micro-batch(es) "
+              f"of {args.per_device_train_batch_size} per rank a step", flush=True)  # fmt: skip
 
     class Metrics(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if not logs or "loss" not in logs:
+            if not logs or "loss" not in logs or metrics is None:
                 return
             elapsed = time.perf_counter() - started
             record = {
@@ -686,7 +734,6 @@ def train_rl(config):
                 extra = {k: record[k] for k in ("reward_margin", "reward") if k in record}
                 print(f"[train] step {record['step']} loss {record['loss']:.4f} {extra}", flush=True)
 
-    args = trl_arguments(config, out)
     if algorithm == "grpo":
         from trl import GRPOTrainer
 
@@ -710,12 +757,26 @@ def train_rl(config):
             callbacks=[Metrics()],
         )
     result = trainer.train()
-    distributed.save_weights(out / "checkpoints" / f"step-{config['steps']}", config["steps"], model)
-    writer.close()
-    metrics.close()
-    if config.get("export_model", True):
-        save_model(model, config, out / "model", step=config["steps"], final_loss=result.training_loss)
-    (out / "result.json").write_text(json.dumps({"step": config["steps"], "final_loss": result.training_loss}))
+    # Every rank takes part in gathering the sharded weights; rank 0 receives them (on the host).
+    state = trainer.accelerator.get_state_dict(trainer.model)
+    if rank == 0:
+        whole = model
+        if world > 1:  # the ranks' model is sharded: the gathered weights go into a whole one
+            whole = distributed.materialise(build_model(config, device="meta"), "cpu", fill=False)
+            whole.load_state_dict(state)
+        distributed.save_weights(out / "checkpoints" / f"step-{config['steps']}", config["steps"], whole)
+        writer.close()
+        metrics.close()
+        if config.get("export_model", True):
+            save_model(whole, config, out / "model", step=config["steps"], final_loss=result.training_loss)
+        (out / "result.json").write_text(
+            json.dumps({"step": config["steps"], "final_loss": result.training_loss, "world": world})
+        )
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()  # rank 0's files are whole before any rank's step ends
+        dist.destroy_process_group()
 
 
 def export(config, checkpoint, folder, **about):
@@ -760,8 +821,9 @@ def main(argv=None):
         export(config, *args.export)
         return
     if config["kind"] == "rl":
-        if int(os.environ.get("SLURM_PROCID", "0")) == 0:
-            train_rl(config)
+        train_rl(config)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            leave()
         return
     if train(config) > 1:
         leave()

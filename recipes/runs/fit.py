@@ -117,8 +117,16 @@ class Estimate:
         return f"{self.total / GB:.1f} GB per GPU{where} ({parts}; GB)"
 
 
-def estimate(shape, family, *, tensor, data, micro_batch, seq_len, accelerator_type="", checkpointing=True):
-    """Bytes per GPU for training `shape` with tensor x data ranks at micro_batch x seq_len tokens."""
+def estimate(
+    shape, family, *, tensor, data, micro_batch, seq_len, accelerator_type="", checkpointing=True, reference=False
+):
+    """Bytes per GPU for training `shape` with tensor x data ranks at micro_batch x seq_len tokens; with
+    reference=True (DPO) also a frozen reference copy of the model, sharded as the policy is (its fp32
+    weights: 4 bytes per parameter over the ranks, no gradients or optimizer states), and micro-batches
+    of preference pairs: TRL runs each pair's chosen and rejected sequences as one batch of twice the
+    sequences."""
+    if reference:
+        micro_batch *= 2
     p = parameters(shape, family)
     h, vocab = shape["hidden_size"], shape.get("vocab_size", 260)
     head = vocab * h  # the output layer (tied or not, its gradient is vocab x h)
@@ -138,6 +146,8 @@ def estimate(shape, family, *, tensor, data, micro_batch, seq_len, accelerator_t
         "activations": p.layers * tokens * h * 2 if checkpointing else p.layers * layer_working,
         "working set": max(layer_backward, loss_working),
     }
+    if reference:
+        parts["reference model"] = 4 * sharded
     parts["context and fragmentation"] = CONTEXT_BYTES + FRAGMENTATION * sum(parts.values())
     found = gpu(accelerator_type)
     return Estimate(parts, found["memory_gb"] * GB if found else None, found["name"] if found else "")

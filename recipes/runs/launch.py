@@ -82,8 +82,6 @@ def validate_launch(cluster, data, *, stage=True):
         errors["partition"] = [f"the cluster has no partition '{partition}'"]
     nodes = whole_number(data.get("nodes", profile["nodes"] if profile else 1), "nodes", errors, low=1)
     steps = whole_number(data.get("steps", profile["steps"] if profile else 1), "steps", errors, low=1)
-    if recipe and recipe["kind"] == "rl" and nodes and nodes > 1:
-        errors.setdefault("nodes", []).append(f"{recipe['name']} trains in one process, on one node")
     if shape and nodes is not None and nodes > shape[0]:
         errors.setdefault("nodes", []).append(f"partition '{partition}' has {shape[0]} nodes")
     if shape and profile and profile.get("gpus_per_node", 0) > shape[1]:
@@ -105,6 +103,7 @@ def validate_launch(cluster, data, *, stage=True):
         estimate = fit.estimate(
             profile, recipe["family"], tensor=tensor, data=data_ranks, micro_batch=profile["micro_batch"],
             seq_len=profile["seq_len"], accelerator_type=shape[2] if shape[1] else "",
+            reference=(recipe.get("rl") or {}).get("algorithm") == "dpo",
         )  # fmt: skip
         if not estimate.fits:
             errors.setdefault("profile", []).append(
