@@ -314,6 +314,33 @@ def test_gpu_machine_types_terminate_on_maintenance_without_an_accelerator_count
     assert "Gres=gpu:8" in items["slurm-conf"] and "Name=gpu File=/dev/nvidia[0-7]" in items["slurm-gres-conf"]
 
 
+def test_a_pool_built_with_compact_placement_cannot_grow_past_what_its_policy_holds(fake, alpha, alice):
+    """Its template names the policy and its VMs are in it: the 1,501st VM would be refused by Compute
+    (the fake's rule above), so the update is refused first, naming the field, and changes nothing."""
+    import copy
+
+    from clusters.spec import SpecError
+
+    spec = build_spec("a3-mega", display_name="mega", zone=ZONE, nodes=2, backend="gce")
+    built(alpha, alice, spec, name="mega")
+    cluster = Cluster.objects.get()
+    operations, nodes = cluster.operations.count(), cluster.nodes.count()
+    for count in (1501, 2000):
+        grown = copy.deepcopy(cluster.spec)
+        grown["node_pools"][1]["scaling_spec"] = {"min_node_count": count, "max_node_count": count}
+        with pytest.raises(SpecError) as refused:
+            services.update_cluster(cluster=cluster, spec=grown)
+        assert refused.value.errors == {
+            "node_pools[1].scaling_spec.min_node_count": [
+                "pool 'a3mega' was built with a compact placement policy, which holds at most 1,500 VMs: keep it "
+                "at 1,500 or fewer, or create a cluster with the larger pool (it gets no compact placement)"
+            ]
+        }
+    cluster.refresh_from_db()
+    assert cluster.spec["node_pools"][1]["scaling_spec"]["min_node_count"] == 2
+    assert (cluster.operations.count(), cluster.nodes.count()) == (operations, nodes)
+
+
 def test_spot_cpu_pools_terminate_and_do_not_restart(fake, alpha, alice):
     spec = build_spec("cpu", display_name="spot", zone=ZONE, nodes=2, backend="gce", provisioning_model="SPOT")
     prefix = built(alpha, alice, spec, name="spot")

@@ -89,6 +89,11 @@ class Backend:
         """Yield (field path, message) for what this backend cannot build from a valid spec."""
         return []
 
+    def update_problems(self, old_spec, new_spec):
+        """Yield (field path, message) for a node-count change (the only change an update makes) that this
+        backend cannot make to what the old spec built."""
+        return []
+
     def project_problems(self, project):
         """Why this backend cannot build clusters for `project` yet (missing settings); empty when it can."""
         return []

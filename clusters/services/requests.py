@@ -186,6 +186,11 @@ def update_cluster(*, cluster, spec, user=None):
     changed = immutable_changes(cluster.spec, spec)
     if changed:
         raise SpecError({path: ["cannot change after the cluster is created"] for path in changed})
+    problems = {}
+    for path, message in get_backend(backend_of(cluster.spec)).update_problems(cluster.spec, spec):
+        problems.setdefault(path, []).append(message)
+    if problems:
+        raise SpecError(problems)
     check_quota(cluster.project, spec, exclude=cluster)
     previous = cluster.spec
     try:

@@ -89,6 +89,21 @@ class GceBackend(Backend):
             if not storage.INSTANCE_NAME.match(name):
                 yield path, "must be a full instance name: projects/PROJECT/locations/LOCATION/instances/NAME"
 
+    def update_problems(self, old_spec, new_spec):
+        # A pool built with the console's compact placement policy keeps it: its instance template names
+        # the policy, and its running VMs are in it. One policy holds at most 1,500 VMs (instances.py),
+        # so such a pool cannot grow past that; Compute would refuse the 1,501st VM.
+        old_pools = {p["id"]: p for p in old_spec.get("node_pools", [])}
+        for i, pool in enumerate(new_spec.get("node_pools", [])):
+            before = old_pools.get(pool["id"])
+            if before and instances.uses_own_placement(before) and not instances.uses_own_placement(pool):
+                yield (
+                    f"node_pools[{i}].scaling_spec.min_node_count",
+                    f"pool '{pool['id']}' was built with a compact placement policy, which holds at most "
+                    f"{instances.COMPACT_MAX_INSTANCES:,} VMs: keep it at {instances.COMPACT_MAX_INSTANCES:,} "
+                    "or fewer, or create a cluster with the larger pool (it gets no compact placement)",
+                )
+
     def project_problems(self, project):
         if not project.gcp_project_id:
             return [f"project '{project.slug}' has no Google Cloud project id; an administrator sets it in the admin"]
