@@ -527,6 +527,9 @@ class HealthResult(models.Model):
     values = models.JSONField(default=dict)
     threshold = models.JSONField(default=dict)
     reason = models.CharField(max_length=500, blank=True)
+    # Where the repair of this failure starts on the ladder when not at its first rung ("replace": a GPU
+    # that meets NVIDIA's RMA criteria; a reboot cannot fix it). Blank: the ladder's order.
+    repair = models.CharField(max_length=20, blank=True)
     created = models.DateTimeField(default=timezone.now)
     # The newest result of its node and check: the health grid and the outstanding failures read only
     # these (one row per node and check, however long the history), so a 5 s poll stays cheap.

@@ -49,6 +49,7 @@ def test_a_pending_row_remap_after_an_xid_63_fails_the_gpu():
     assert result.values["00000000:10:1C.0"]["remap_pending"] is True
     assert result.values["00000000:10:1C.0"]["volatile_correctable"] == 177
     assert "a row remap is pending" in result.reason
+    assert result.repair == ""  # a reset applies the remap: the ladder reboots first
 
 
 def test_lifetime_errors_alone_warn_and_a_failed_remap_fails():
@@ -64,6 +65,7 @@ def test_lifetime_errors_alone_warn_and_a_failed_remap_fails():
     )
     failed = text.replace("Remapping Failure Occurred        : No", "Remapping Failure Occurred        : Yes")
     assert "RMA" in ecc.read(failed, LIMITS).reason
+    assert ecc.read(failed, LIMITS).repair == "replace"  # no reset fixes it
 
 
 def test_the_simulated_ecc_fault_fails_gpu_3_only():

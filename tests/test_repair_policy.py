@@ -67,3 +67,22 @@ def test_a_rerun_after_a_killed_worker_does_no_step_twice(cluster, scripted):
     # What it was asked stays as asked; what its steps did is in the checkpoint.
     assert operation.params == {"node": "cpu-0", "failure": "unresponsive", "action": "reboot"}
     assert operation.checkpoint["done"] == ["Drain cpu-0", "Reboot cpu-0"]
+
+
+@pytest.mark.parametrize(("word", "first"), [("replace", "replace"), ("", "reboot"), ("format", "reboot")])
+def test_a_gpu_that_meets_the_rma_criteria_is_replaced_without_a_reboot_first(cluster, scripted, settings, word, first):
+    """The ECC check says "replace" for a failed row remap or SRAM errors over the threshold (no reset
+    fixes those); other failures, and words that are no action of the ladder, climb it from the start."""
+    from clusters.choices import OperationKind
+    from clusters.health import scans
+
+    settings.AUTO_REPAIR = True
+    scan = Operation.objects.create(cluster=cluster, kind=OperationKind.SCAN, status=OperationStatus.SUCCEEDED)
+    reason = "GPU 00000000:0B:00.0: a row remap failed (NVIDIA's RMA criteria)"
+    scans.record(scan, {"cpu-1": {"ecc": {"status": "fail", "reason": reason, "repair": word}}})
+    operation = repair.after_health(cluster)
+    assert operation.params["action"] == first
+    # The rungs skipped count as taken: if the replacement fails too, the ladder is over.
+    assert cluster.nodes.get(name="cpu-1").repairs == {"ecc": 2 if first == "replace" else 1}
+    detected = cluster.events.get(message__startswith="Detected ecc on cpu-1").message
+    assert ("no reboot can fix that: starting at replace" in detected) == (first == "replace")

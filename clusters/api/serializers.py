@@ -151,7 +151,7 @@ class HealthResultSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = HealthResult
-        fields = ["node", "check", "status", "values", "threshold", "reason"]
+        fields = ["node", "check", "status", "values", "threshold", "reason", "repair"]
 
 
 class ScanSerializer(OperationSerializer):

@@ -25,6 +25,9 @@ class Result:
     values: dict = field(default_factory=dict)
     threshold: dict = field(default_factory=dict)
     reason: str = ""
+    # The rung of the failure's ladder (policy.json) a failure starts from when the check knows the
+    # earlier ones cannot help: "replace" for a GPU that meets NVIDIA's RMA criteria (no reset fixes it).
+    repair: str = ""
 
     def as_dict(self):
         return asdict(self)

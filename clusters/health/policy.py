@@ -19,7 +19,17 @@ def worst(failures):
     return max(failures, key=lambda f: policy()[f]["priority"])
 
 
-def next_action(node, failure):
+@cache
+def actions():
+    """Every action some ladder takes."""
+    return frozenset(action for failure in policy().values() for action in failure["ladder"])
+
+
+def next_action(node, failure, start_at=""):
+    """The ladder's next rung for the node's failure (each rung is tried once), or None when none is left;
+    `start_at` (a check's Result.repair) skips the rungs before it."""
     ladder = policy()[failure]["ladder"]
     taken = node.repairs.get(failure, 0)
+    if start_at in ladder:
+        taken = max(taken, ladder.index(start_at))
     return ladder[taken] if taken < len(ladder) else None

@@ -80,9 +80,10 @@ def after_health(cluster, operation=None):
             return None
         name = max(failing, key=lambda n: policy()[worst(failing[n])]["priority"])
         failure = worst(failing[name])
-        why = scans.latest_per_check(cluster)[name][failure].reason  # the check's own words, e.g. the GPU
+        result = scans.latest_per_check(cluster)[name][failure]
+        why = result.reason  # the check's own words, e.g. the GPU
         detail = f"failed {', '.join(failing[name])}" + (f" ({why})" if why else "")
-        return start_repair(cluster, name, failure, detail, verify=True)
+        return start_repair(cluster, name, failure, detail, verify=True, start_at=result.repair)
     if cluster.set_status(ClusterStatus.READY, expected=[ClusterStatus.VERIFYING]):
         record_event(cluster, "Cluster ready: every node passes its health checks again", operation=operation)
     return None
@@ -101,25 +102,31 @@ def verified(ctx):
     return True, f"{failure} passes on all {len(results)} scanned nodes"
 
 
-def start_repair(cluster, node_name, failure, detail, user=None, verify=False):
+def start_repair(cluster, node_name, failure, detail, user=None, verify=False, start_at=""):
     """Start the next rung of `failure`'s ladder on the node, or give up when none is left; None when
     another operation is running (the next watch tries again).
 
     With `verify` (a failure a check found), the repair ends with a scan of that check: the repair
-    is judged by the check that failed, not by the action having run."""
+    is judged by the check that failed, not by the action having run. `start_at` (the check's word,
+    HealthResult.repair) skips the rungs before it: a GPU that meets NVIDIA's RMA criteria is replaced
+    without a reboot first, which would cost the node's jobs a drain and the cluster a scan for nothing."""
     if cluster.active_operation() is not None:
         return None
     try:
         with transaction.atomic():
             node = Node.objects.select_for_update().get(cluster=cluster, name=node_name)
-            action = next_action(node, failure)
+            action = next_action(node, failure, start_at)
+            ladder = policy()[failure]["ladder"]
+            skipped = ladder[node.repairs.get(failure, 0) : ladder.index(action)] if action else []
+            if skipped:
+                detail += f"; no {' or '.join(skipped)} can fix that: starting at {action}"
             record_event(
                 cluster, f"Detected {failure} on {node_name}: {detail}", level=EventLevel.WARNING, node=node_name
             )
             if action is None:
                 give_up(cluster, node, failure)
                 return None
-            node.repairs = {**node.repairs, failure: node.repairs.get(failure, 0) + 1}
+            node.repairs = {**node.repairs, failure: ladder.index(action) + 1}
             node.save(update_fields=["repairs"])
             return start(
                 cluster,

@@ -31,6 +31,7 @@ from ..work import PermanentBackendError, Step, TransientBackendError, heartbeat
 from . import FAIL, PASS, WARN, epilog, load_checks, threshold_errors, thresholds, unknown_checks
 from .checks.correctness import checksum
 from .faults import FOLDER as FAULTS
+from .policy import actions
 
 SCAN_TIMEOUT = 1800
 SYSTEM = "system"
@@ -373,6 +374,7 @@ def record(operation, reports):
                 values=result.get("values", {}),
                 threshold=result.get("threshold", {}),
                 reason=result.get("reason", "")[:500],
+                repair=result.get("repair") if result.get("repair") in actions() else "",
                 latest=True,
             )
             for node, results in reports.items()

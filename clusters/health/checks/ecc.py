@@ -6,6 +6,9 @@ last reset (every SRAM and DRAM "Uncorrectable" counter of the Volatile section:
 SRAM into "Parity" and "SEC-DED"), a row remap pending (it needs a GPU reset to take effect), a remap
 that failed, or the SRAM threshold exceeded (the RMA criteria). Uncorrectable errors in the Aggregate
 section alone are history the remapper has dealt with: a warning. Many correctable errors warn.
+
+A failed remap and SRAM errors over the threshold are the guide's RMA criteria: no reset or reboot
+fixes them, so the result says to start the repair at "replace" instead of rebooting first.
 """
 
 from .. import FAIL, PASS, SKIPPED, WARN, Result, check, thresholds
@@ -32,6 +35,11 @@ def gpu_values(gpu):
         "remap_failed": remapped.get("Remapping Failure Occurred") == YES,
         "page_retirement_pending": gpu.get("Retired Pages", {}).get("Pending Page Blacklist") == YES,
     }
+
+
+def needs_replacing(values):
+    """Whether the GPU meets NVIDIA's RMA criteria (a reset cannot help)."""
+    return values["remap_failed"] or values["sram_threshold_exceeded"]
 
 
 def verdict(values, limits):
@@ -63,7 +71,8 @@ def read(text, limits):
         if reason:
             findings[status].append(f"GPU {bus_id}: {reason}")
     worst = FAIL if findings[FAIL] else WARN if findings[WARN] else PASS
-    return Result(worst, values, limits, "; ".join(findings[FAIL] or findings[WARN]))
+    repair = "replace" if any(needs_replacing(v) for v in values.values()) else ""
+    return Result(worst, values, limits, "; ".join(findings[FAIL] or findings[WARN]), repair)
 
 
 @check("ecc")
