@@ -223,7 +223,7 @@ def test_the_fit_check_refuses_70b_on_one_a3_ultra_node_and_takes_the_catalogs_l
 
 
 @pytest.mark.django_db
-def test_a_launch_that_cannot_fit_is_refused_with_the_numbers(alpha, alice, settings):
+def test_a_launch_that_cannot_fit_is_refused_with_the_numbers(alpha, alice, settings, client):
     """On a gce cluster of A3 Ultra nodes (provisioned: nothing runs here), 70B on one node is a 400."""
     from clusters import services
     from clusters.spec.reference import build_spec
@@ -249,6 +249,20 @@ def test_a_launch_that_cannot_fit_is_refused_with_the_numbers(alpha, alice, sett
     assert (
         launch["estimate"]["fits"] and launch["estimate"]["total_gb"] == 66.6
     )  # the loss in chunks: 1.3 GB of logits, not 11.8
+    # Its throughput to expect, at torchtitan's published MFU for a tensor-parallel Llama 3.1 (29%): about
+    # 588 tokens/s per H200; the run page sets it beside what the run measures (16,000 over 32 GPUs).
+    assert (launch["estimate"]["tokens_per_s_per_gpu"], launch["estimate"]["planning_mfu"]) == (588, 0.29)
+    from django.urls import reverse
+
+    from recipes.models import Run, RunMetric
+
+    config = {"parallel": {"tensor": 4, "global_batch": 128}, "micro_batch": 1, "estimate": launch["estimate"]}
+    run = Run.objects.create(cluster=cluster, recipe_id=body["recipe"], profile="full", partition="a3ultra", nodes=4,
+                             steps=10, config=config, script="", work_dir="/home/runs/x")  # fmt: skip
+    RunMetric.objects.create(run=run, line=1, step=1, values={"step": 1, "loss": 11.0, "tokens_per_s": 16000.0})
+    client.force_login(alice)
+    page = client.get(reverse("run-detail", args=["alpha", "ultra", run.uuid])).content.decode()
+    assert "500 measured · about 588 expected at 29% MFU (torchtitan's published figures)" in page
 
 
 @pytest.mark.django_db

@@ -40,6 +40,11 @@ from functools import cache
 from ..catalog import HARDWARE
 
 GB = 1e9
+# Model FLOPs utilisation to plan with until a GPU run here measures one, after torchtitan's published
+# figures (github.com/pytorch/torchtitan, docs/performance.md): Llama 3.1 8B with FSDP on 8 or 128 H100s in
+# bf16 without Float8, 33% to 39% (the lower end: without torch.compile, as train.py runs); Llama 3.1 405B
+# with FSDP and tensor parallelism on 128 H100s, 29.0%. The expected tokens/s of a launch come from these.
+PLANNING_MFU = {"fsdp": 0.33, "fsdp+tp": 0.29}
 CONTEXT_BYTES = 2 * GB
 FRAGMENTATION = 0.10
 LOGIT_BYTES = 14  # per logit of a loss chunk, forward and backward
@@ -93,6 +98,8 @@ class Estimate:
     parts: dict = field(default_factory=dict)  # name -> bytes
     capacity: float | None = None  # bytes one GPU has, None on CPU
     gpu_name: str = ""
+    tokens_per_s: float | None = None  # per GPU, at the planning MFU; None on CPU
+    mfu: float | None = None
 
     @property
     def total(self):
@@ -109,6 +116,8 @@ class Estimate:
             "gpu": self.gpu_name,
             "fits": self.fits,
             "parts_gb": {name: round(value / GB, 2) for name, value in self.parts.items()},
+            "tokens_per_s_per_gpu": round(self.tokens_per_s) if self.tokens_per_s else None,
+            "planning_mfu": self.mfu,
         }
 
     def sentence(self):
@@ -150,4 +159,19 @@ def estimate(
         parts["reference model"] = 4 * sharded
     parts["context and fragmentation"] = CONTEXT_BYTES + FRAGMENTATION * sum(parts.values())
     found = gpu(accelerator_type)
-    return Estimate(parts, found["memory_gb"] * GB if found else None, found["name"] if found else "")
+    if not found:
+        return Estimate(parts)
+    mfu = PLANNING_MFU["fsdp+tp" if tensor > 1 else "fsdp"]
+    tokens_per_s = expected_tokens_per_s(shape, family, seq_len, found["bf16_tflops"], mfu)
+    return Estimate(parts, found["memory_gb"] * GB, found["name"], tokens_per_s, mfu)
+
+
+def expected_tokens_per_s(shape, family, seq_len, peak_tflops, mfu):
+    """Tokens one GPU trains per second at `mfu` of its bf16 peak: the FLOPs per token train.py counts
+    for its own MFU (6 x parameters + attention's 12 x layers x hidden x sequence)."""
+    from types import SimpleNamespace
+
+    from ..node.train import flops_per_token
+
+    architecture = SimpleNamespace(num_hidden_layers=shape["layers"], hidden_size=shape["hidden_size"])
+    return mfu * peak_tflops * 1e12 / flops_per_token(architecture, seq_len, parameters(shape, family).total)

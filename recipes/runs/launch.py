@@ -105,6 +105,8 @@ def validate_launch(cluster, data, *, stage=True):
             seq_len=profile["seq_len"], accelerator_type=shape[2] if shape[1] else "",
             reference=(recipe.get("rl") or {}).get("algorithm") == "dpo",
         )  # fmt: skip
+        if recipe["kind"] == "rl":  # TRL's trainers (and GRPO's generation) are not what the planning MFU measured
+            estimate.tokens_per_s = estimate.mfu = None
         if not estimate.fits:
             errors.setdefault("profile", []).append(
                 f"{recipe['name']} on {nodes} node(s) does not fit: it needs {estimate.sentence()}; "

@@ -84,6 +84,8 @@ def run_detail(request, project, name, run_id):
         "layout": runs.layout_summary(run),
         **run_context(run, full_log=request.GET.get("log") == "full"),
     }
+    measured, ranks = context["summary"].get("tokens_per_s"), context["layout"].get("ranks")
+    context["tokens_per_rank"] = round(measured / ranks) if measured and ranks else None
     return render(request, "recipes/run_detail.html", context)
 
 
