@@ -128,6 +128,38 @@ def test_every_collective_of_a_layout_takes_tensors_on_the_layouts_device(monkey
     assert seen == [torch.device("meta")] * (2 + 5)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_tensor_parallelism_splits_the_vocabulary_and_the_sequence_between_blocks(tmp_path, family):
+    """torchtitan's plan (on a fake process group of 4 ranks, tensor 2; nothing allocated): the embedding
+    and the output layer split by vocabulary (Gemma's still one tied weight), the norms replicated and
+    run on a split sequence, the projections column- then row-parallel with the row-parallel ones
+    scattering the sequence back."""
+    import contextlib
+
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    config = json.loads((tiny(tmp_path, family) / "config.json").read_text())
+    layout = distributed.init(0, 4, 0, 2, "cpu", backend="fake", store=FakeStore())
+    try:
+        model = train.build_model(config, device="meta")
+        distributed.tensor_parallel(model, layout.mesh["tp"])
+        embedding, head = model.model.embed_tokens.weight, model.lm_head.weight
+        assert isinstance(embedding, DTensor) and embedding.placements == (Shard(0),)
+        assert head.placements == (Shard(0),) and (head is embedding) == (family == "gemma")
+        assert model.model.norm.weight.placements == (Replicate(),)
+        layer = model.model.layers[0]
+        assert layer.input_layernorm.weight.placements == (Replicate(),)
+        assert layer.self_attn.q_proj.weight.placements == (Shard(0),)
+        assert layer.self_attn.o_proj.weight.placements == (Shard(1),)
+        assert layer.mlp.down_proj.weight.placements == (Shard(1),)
+        if family == "gemma":
+            assert layer.pre_feedforward_layernorm.weight.placements == (Replicate(),)
+    finally:
+        with contextlib.suppress(Exception):
+            torch.distributed.destroy_process_group()
+
+
 # -- the sharded build, run as the nodes run it (torchrun, gloo ranks on this machine) ---------------
 
 

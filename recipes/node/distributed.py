@@ -1,6 +1,7 @@
 """torch.distributed for recipes/node/train.py, on the nodes (torch only; no Django): one rank per GPU (or per
 CPU slot on the tiny profiles), a 2-D device mesh of data x tensor parallelism from the recipe, tensor
-parallelism on every decoder layer's attention and MLP, FSDP2 (`fully_shard`) per decoder layer and on
+parallelism as torchtitan plans it (every decoder layer's attention and MLP, sequence parallelism between
+them, the vocabulary split in the embedding and the output layer), FSDP2 (`fully_shard`) per decoder layer and on
 the model, activation checkpointing, gradient clipping across both meshes, and checkpoints written with
 torch.distributed.checkpoint (DCP): sharded (each rank writes its own shards), atomic (a temporary
 folder renamed into place once every rank has written), resumable bit-exactly at the same layout (every
@@ -161,7 +162,7 @@ def init(rank, world, local_rank, tensor, device_type, backend=None, store=None)
 
 
 def parallelize(model, layout, mixed_precision, activation_checkpointing, strategy="fsdp"):
-    """Tensor parallelism on each decoder layer, then FSDP2 per layer and on the whole model. With
+    """Tensor parallelism (tensor_parallel), then FSDP2 per layer and on the whole model. With
     strategy "ddp" (no tensor parallelism) every rank keeps the whole model and DDP averages gradients:
     the baseline the benchmark compares with."""
     import torch
@@ -178,13 +179,10 @@ def parallelize(model, layout, mixed_precision, activation_checkpointing, strate
             raise SystemExit("DDP keeps the whole model on every rank: it takes no tensor parallelism")
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     layers = model.model.layers
     if layout.tp > 1:
-        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-        for layer in layers:
-            parallelize_module(layer, layout.mesh["tp"], {name: styles[s]() for name, s in TP_PLAN.items()})
+        tensor_parallel(model, layout.mesh["tp"])
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if mixed_precision
@@ -194,6 +192,62 @@ def parallelize(model, layout, mixed_precision, activation_checkpointing, strate
         fully_shard(layer, mesh=layout.mesh["dp"], mp_policy=policy)
     fully_shard(model, mesh=layout.mesh["dp"], mp_policy=policy)
     return model
+
+
+def tensor_parallel(model, mesh):
+    """torchtitan's tensor-parallel plan for Llama on a transformers model: the vocabulary split over
+    the tensor ranks in the embedding and the output layer (whose logits stay split: the loss is
+    computed on them in place, loss_parallel), and sequence parallelism between the blocks: the
+    residual stream, the norms and their activations are split along the sequence, gathered before
+    each attention and MLP (whose projections are column- then row-parallel: TP_PLAN) and scattered
+    again after. Each rank then keeps 1/tp of what activation checkpointing keeps and of every norm's
+    work. Gemma's tied output layer is tied again to the split embedding (both split by vocabulary)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    tied = model.config.tie_word_embeddings and model.get_output_embeddings() is not None
+    # The residual stream stays a DTensor (global shapes): transformers builds the attention mask and
+    # the positions from the embeddings' shape, which a local slice of the sequence would get wrong.
+    parallelize_module(
+        model,
+        mesh,
+        {
+            "model.embed_tokens": RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+            ),
+            "model.norm": SequenceParallel(),
+            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+        },
+    )
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    for layer in model.model.layers:
+        plan = {
+            name: SequenceParallel()
+            for name in (
+                "input_layernorm",
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+            )
+            if hasattr(layer, name)
+        }
+        plan["self_attn"] = PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": Shard(1)}, desired_input_kwarg_layouts={"hidden_states": Replicate()}
+        )
+        plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        for name, style in TP_PLAN.items():
+            if style == "colwise":
+                plan[name] = ColwiseParallel()
+            else:
+                plan[name] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+        parallelize_module(layer, mesh, plan)
 
 
 def materialise(model, device, hf_folder=None, fill=True):

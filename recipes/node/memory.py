@@ -54,7 +54,8 @@ def trace(config, world):
             tracker.track_inputs((x, y))
             with tracker:
                 for step in range(2):
-                    train.summed_loss(model, x, y, chunked=bool(chunk)).backward()
+                    with train.loss_context(layout):
+                        train.summed_loss(model, x, y, chunked=bool(chunk)).backward()
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                     if step == 0:

@@ -196,7 +196,9 @@ def build_model(config, device=None):
 
 def summed_loss(model, x, y, chunked):
     """The micro-batch's summed cross-entropy (positions labelled -100 left out): from the model's chunked
-    forward (chunked_loss) when it has one, else from its whole logits."""
+    forward (chunked_loss) when it has one, else from its whole logits. Under tensor parallelism the
+    logits are split by vocabulary and the loss is computed on them in place: call it, and the backward
+    pass, inside loss_context()."""
     import torch
 
     if chunked:
@@ -205,6 +207,23 @@ def summed_loss(model, x, y, chunked):
     return torch.nn.functional.cross_entropy(
         logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), ignore_index=-100, reduction="sum"
     )
+
+
+def loss_context(layout):
+    """Where the loss and its backward pass run: torch's loss_parallel under tensor parallelism (the
+    cross-entropy of vocabulary-split logits without gathering them), else nothing."""
+    import contextlib
+
+    if layout.tp > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
+def plain(value):
+    """A loss as a plain tensor (under tensor parallelism it is a DTensor, the same on every tensor rank)."""
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
 def chunked_loss(chunk):
@@ -219,6 +238,10 @@ def chunked_loss(chunk):
         from torch.utils.checkpoint import checkpoint
 
         hidden = self.model(input_ids=input_ids).last_hidden_state
+        if hasattr(hidden, "redistribute"):  # split along the sequence (tensor parallelism): gather it once
+            from torch.distributed.tensor import Replicate
+
+            hidden = hidden.redistribute(placements=[Replicate()])
         cap = getattr(self.config, "final_logit_softcapping", None)
 
         def piece(states, targets):
@@ -229,10 +252,11 @@ def chunked_loss(chunk):
                 logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100, reduction="sum"
             )
 
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        total = None
         for start in range(0, input_ids.size(1), chunk):
             end = start + chunk
-            total = total + checkpoint(piece, hidden[:, start:end], labels[:, start:end], use_reentrant=False)
+            part = checkpoint(piece, hidden[:, start:end], labels[:, start:end], use_reentrant=False)
+            total = part if total is None else total + part
         return total
 
     return forward
@@ -465,10 +489,11 @@ def train(config):
                 model.set_requires_gradient_sync(micro == accumulation - 1)
             x = mine_x[micro * micro_batch : (micro + 1) * micro_batch].to(device)
             y = mine_y[micro * micro_batch : (micro + 1) * micro_batch].to(device)
-            part = summed_loss(model, x, y, chunked=bool(loss_chunk))
-            # FSDP averages gradients over the data-parallel ranks: x dp makes it the global sum / total.
-            (part * (layout.dp / total)).backward()
-            loss_sum += part.detach()
+            with loss_context(layout):
+                part = summed_loss(model, x, y, chunked=bool(loss_chunk))
+                # FSDP averages gradients over the data-parallel ranks: x dp makes it the global sum / total.
+                (part * (layout.dp / total)).backward()
+            loss_sum += plain(part.detach())
         grad_norm = distributed.clip_grad_norm(list(model.parameters()), 1.0)
         optimizer.step()
         scheduler.step()

@@ -1,24 +1,26 @@
 """Will it fit? The memory one GPU needs to train a recipe on a layout, before anything is submitted.
 
-Per GPU, with FSDP2 over the data-parallel ranks and tensor parallelism inside each decoder layer (the
-layout recipes/node/distributed.py builds; pipeline stages fold into data parallelism), bf16 compute:
+Per GPU, with FSDP2 over the data-parallel ranks and torchtitan's tensor parallelism (the layout
+recipes/node/distributed.py builds: the decoder layers, the embedding and the output layer split over
+tp, the sequence split between the blocks; pipeline stages fold into data parallelism), bf16 compute:
 
-- model states, sharded over dp (the decoder layers' weights over tp as well): fp32 master weights
+- model states, sharded over dp and tp: fp32 master weights
   (4 bytes), fp32 gradients (4) and AdamW's two moments (8): 16 bytes per parameter (the fused AdamW
   train.py uses on GPUs adds no temporaries at the step);
 - gathered weights: the bf16 weights of the model's outer group (embeddings, output layer, final norm:
   kept gathered from the forward to the backward) and of two decoder layers (the one computing and the
   one FSDP prefetches);
-- the output layer's bf16 gradient, which waits for the end of the backward pass;
-- activations: with activation checkpointing each layer keeps its bf16 input (b x s x h x 2 bytes);
-  without it every layer keeps its whole working set;
+- the output layer's bf16 gradient (its 1/tp), which waits for the end of the backward pass;
+- activations: with activation checkpointing each layer keeps its bf16 input, split along the sequence
+  (b x s x h x 2 / tp bytes); without it every layer keeps its whole working set;
 - the working set, the larger of one layer's backward and the loss. A layer's backward recomputes its
-  activations, b x s x h x (10 + 24 / tp) bytes (Korthikanti et al., "Reducing Activation Recomputation
-  in Large Transformer Models", 2022, table 2, without the s^2 attention term that SDPA's fused kernels
-  do not keep), and holds its unsharded bf16 gradients and their fp32 copy for the reduce-scatter (6
-  bytes per parameter of the layer). The loss, computed before any layer's backward, is that of one
-  chunk of loss_chunk positions (b x chunk x vocabulary x 14 bytes: the bf16 logits, their fp32 copy
-  and softmax, the gradients) with the gradient of the hidden states (b x s x h x 4);
+  activations, b x s x h x 34 / tp bytes with sequence parallelism (Korthikanti et al., "Reducing
+  Activation Recomputation in Large Transformer Models", 2022, table 2, without the s^2 attention term
+  that SDPA's fused kernels do not keep), and holds its unsharded bf16 gradients and their fp32 copy for
+  the reduce-scatter (6 bytes per parameter of the layer). The loss, computed before any layer's
+  backward, is that of one chunk of loss_chunk positions over the rank's 1/tp of the vocabulary (b x
+  chunk x vocabulary / tp x 14 bytes: the bf16 logits, their fp32 copy and softmax, the gradients) with
+  the gradient of the hidden states (b x s x h x 4);
 - attention that keeps its scores: Gemma 2's logit softcap is not something SDPA takes, so transformers
   runs it with eager attention, which holds b x heads / tp x s^2 scores through the softcap, the mask,
   the fp32 softmax and their gradients: 15 bytes per score, in the layer's working set;
@@ -139,20 +141,24 @@ def estimate(
     p = parameters(shape, family)
     h, vocab = shape["hidden_size"], shape.get("vocab_size", 260)
     head = vocab * h  # the output layer (tied or not, its gradient is vocab x h)
-    sharded = (p.per_layer * p.layers / tensor + p.outer) / data
+    # Tensor parallelism splits the decoder layers, and the embedding and the output layer by vocabulary
+    # (distributed.tensor_parallel), and the sequence between the blocks (sequence parallelism).
+    sharded = p.total / tensor / data
     tokens = micro_batch * seq_len
-    layer_working = tokens * h * (10 + 24 / tensor)
+    layer_working = tokens * h * 34 / tensor
     if shape.get("attn_logit_softcapping"):  # eager attention: the scores exist
         layer_working += SCORE_BYTES * micro_batch * shape["heads"] / tensor * seq_len**2
     # A layer's backward also holds its gradients on their way to the reduce-scatter; the loss comes
     # before any layer's backward.
     layer_backward = layer_working + 6 * p.per_layer / tensor
-    loss_working = micro_batch * min(seq_len, shape.get("loss_chunk") or seq_len) * vocab * LOGIT_BYTES + tokens * h * 4
+    loss_working = (
+        micro_batch * min(seq_len, shape.get("loss_chunk") or seq_len) * vocab / tensor * LOGIT_BYTES + tokens * h * 4
+    )
     parts = {
         "model states": 16 * sharded,
-        "gathered weights": 2 * (2 * p.per_layer / tensor + p.outer),
-        "output layer's gradient": 2 * head,
-        "activations": p.layers * tokens * h * 2 if checkpointing else p.layers * layer_working,
+        "gathered weights": 2 * (2 * p.per_layer + p.outer) / tensor,
+        "output layer's gradient": 2 * head / tensor,
+        "activations": p.layers * tokens * h * 2 / tensor if checkpointing else p.layers * layer_working,
         "working set": max(layer_backward, loss_working),
     }
     if reference:
