@@ -29,7 +29,7 @@ from clusters.choices import ClusterStatus
 from console.errors import Conflict, ConsoleError
 
 from ..models import Run
-from .versions import RegistryUnavailable, answering, beating, client, mlflow_run
+from .versions import RegistryUnavailable, answering, beating, client, mlflow_run, stage_folder
 
 log = logging.getLogger(__name__)
 GOING = (ClusterStatus.DELETING, ClusterStatus.DELETED)
@@ -163,23 +163,14 @@ def stage_checkpoint(run, cluster):
     registry the first time (the folder appears whole or not at all). Conflict when none is kept."""
     if "step" not in (run.archive or {}):
         raise Conflict(not_kept(run))
-    path = staged_checkpoint_path(run)
-    if clusters.file_exists(cluster, f"{path}/meta.json"):
-        return path, run.archive["step"]
-    with tempfile.TemporaryDirectory(prefix="tcc-stage-") as temporary:
-        with answering("hand out the run's checkpoint"):
-            local = Path(
-                beating(
-                    lambda: client().download_artifacts(
-                        run.mlflow_run_id, f"checkpoints/step-{run.archive['step']}", temporary
-                    ),
-                    f"downloading run {run.recipe_id}'s checkpoint from the registry",
-                )
-            )
-        if not (local / "meta.json").exists():
-            raise Conflict(f"the registry's copy of run {run.uuid}'s checkpoint has no meta.json")
-        clusters.upload_folder(cluster, local, path)
-    return path, run.archive["step"]
+    step = run.archive["step"]
+    path = stage_folder(
+        cluster, staged_checkpoint_path(run), "meta.json",
+        lambda target: client().download_artifacts(run.mlflow_run_id, f"checkpoints/step-{step}", target),
+        doing="hand out the run's checkpoint", detail=f"downloading run {run.recipe_id}'s checkpoint from the registry",
+        what=f"the registry's copy of run {run.uuid}'s checkpoint",
+    )  # fmt: skip
+    return path, step
 
 
 def download_tensorboard(run, target):

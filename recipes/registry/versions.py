@@ -335,19 +335,29 @@ def check_files(version):
 def stage(version, cluster):
     """The version's Hugging Face format folder in the cluster's shared home ("models/<name>/v<N>"),
     copied there from the registry the first time (a folder half copied is never seen)."""
-    path = staged_path(version)
     check_files(version)
-    if clusters.file_exists(cluster, f"{path}/config.json"):
+    if version.mlflow_run_id:
+        fetch = lambda target: client().download_artifacts(version.mlflow_run_id, "model", target)  # noqa: E731
+    else:
+        fetch = lambda target: download_source(version.checkpoint, target)  # noqa: E731
+    return stage_folder(
+        cluster, staged_path(version), "config.json", fetch, doing="hand out the model's files",
+        detail=f"downloading {version.ref} from the registry", what=f"{version.ref}'s artifact in the registry",
+    )  # fmt: skip
+
+
+def stage_folder(cluster, path, marker, fetch, *, doing, detail, what):
+    """`path` in the cluster's shared home, copied there from the registry the first time: fetch(target)
+    downloads into a local temporary folder (heartbeating: a download of many GB is work in progress)
+    and returns the folder, which must hold `marker`; the cluster agent writes it so that it appears
+    whole or not at all. A folder there with its marker is taken as staged."""
+    if clusters.file_exists(cluster, f"{path}/{marker}"):
         return path
     with tempfile.TemporaryDirectory(prefix="tcc-stage-") as temporary:
-        with answering("hand out the model's files"):
-            if version.mlflow_run_id:
-                fetch = lambda: client().download_artifacts(version.mlflow_run_id, "model", temporary)  # noqa: E731
-            else:
-                fetch = lambda: download_source(version.checkpoint, temporary)  # noqa: E731
-            local = Path(beating(fetch, f"downloading {version.ref} from the registry"))
-        if not (local / "config.json").exists():
-            raise Conflict(f"{version.ref}'s artifact in the registry has no config.json")
+        with answering(doing):
+            local = Path(beating(lambda: fetch(temporary), detail))
+        if not (local / marker).exists():
+            raise Conflict(f"{what} has no {marker}")
         clusters.upload_folder(cluster, local, path)
     return path
 
