@@ -402,6 +402,9 @@ GCE_IMAGE = env("GCE_IMAGE", "projects/debian-cloud/global/images/family/debian-
 # GPU compute pools boot this image (NVIDIA driver and DCGM installed; the startup script fails on a
 # GPU node without nvidia-smi, and the failing line shows on the cluster's timeline); empty: GCE_IMAGE.
 GCE_GPU_IMAGE = env("GCE_GPU_IMAGE")
+# Arm GPU pools (A4X: Grace CPUs) boot this Arm64 image (`manage.py gce_image build --gpu --arm64`); an
+# x86 image cannot boot them, so a spec with such a pool is refused while it is empty.
+GCE_GPU_ARM64_IMAGE = env("GCE_GPU_ARM64_IMAGE")
 # VMs run as runtime_spec.service_account when the spec names one, else as this: "cluster", an account
 # the console makes for each cluster and grants only what its nodes need (clusters/backends/gce/identity.py);
 # an email; or "default", the project's Compute Engine default account (shared by every cluster: one

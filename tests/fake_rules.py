@@ -152,6 +152,41 @@ def hyperdisk_only_machine_types_boot_from_hyperdisk(request):
     return None
 
 
+# Machine series with Arm CPUs: they boot Arm64 images only, and the others x86 images only.
+# https://cloud.google.com/compute/docs/instances/arm-on-compute (N4A, C4A, A4X and Tau T2A "support public
+# Arm-based OS images"; custom images are made from those).
+ARM_SERIES = ("a4x", "c4a", "n4a", "t2a")
+
+
+def image_architecture(resources, url):
+    """ARM64 or X86_64: an image the fake holds says (its own or its family's newest); a public one by its
+    name, as Google names them (ubuntu-...-arm64-..., debian-12-arm64)."""
+    path = "/compute/v1/" + url.split("/compute/v1/", 1)[-1]
+    if "/images/family/" in path:
+        project, name = path.split("/projects/", 1)[1].split("/", 1)[0], path.rsplit("/", 1)[-1]
+        found = [r for k, r in resources.items() if f"/projects/{project}/global/images/" in k
+                 and r.get("family") == name]  # fmt: skip
+        stored = found[-1] if found else None
+    else:
+        stored = resources.get(path)
+    if stored and stored.get("architecture"):
+        return stored["architecture"]
+    return "ARM64" if "arm64" in url else "X86_64"
+
+
+@rule("https://cloud.google.com/compute/docs/instances/arm-on-compute", *INSTANCE_REQUESTS)
+def a_vm_boots_an_image_of_its_machines_architecture(request):
+    machine = machine_type(request.properties)
+    wanted = "ARM64" if family(request.properties) in ARM_SERIES else "X86_64"
+    for i, disk in boot_disks(request.properties):
+        image = disk["initializeParams"].get("sourceImage") or ""
+        if image and image_architecture(request.resources, image) != wanted:
+            return refuse(request, f"{request.at}.disks[{i}].initializeParams.sourceImage", image,
+                          f"The image's architecture is not {wanted}, the architecture of machine type "
+                          f"{machine}.")  # fmt: skip
+    return None
+
+
 @rule("https://cloud.google.com/compute/docs/access/create-enable-service-accounts-for-instances", *INSTANCE_REQUESTS)
 def a_vms_service_account_exists(request):
     """A VM runs as an existing service account the caller may act as; a new one is not seen at once

@@ -445,6 +445,28 @@ def test_each_reference_architecture_gets_its_gpu_fabric(fake, alpha, alice, arc
     assert not [k for k in fake.resources if "/global/networks/" in k or "/subnetworks/" in k]
 
 
+def test_an_a4x_pool_boots_an_arm64_image_with_a_rdma_nic_per_gpu(fake, alpha, alice, settings):
+    """A4X (Grace Arm CPUs, 4 GB200 GPUs): refused while no Arm64 image is set (an x86 one cannot boot it:
+    the fake refuses it as Compute does); with one, its template boots it with 4 MRDMA NICs, one per GPU,
+    and the RDMA VPC has 4 subnets."""
+    spec = build_spec("a4", display_name="gb", zone="us-central1-b", nodes=2, backend="gce")
+    spec["node_pools"][1]["machine_spec"] = {"machine_type": "a4x-highgpu-4g"}
+    settings.GCE_GPU_ARM64_IMAGE = ""
+    with pytest.raises(SpecError) as refused:
+        create(alpha, alice, spec, name="gb")
+    assert "a4x-highgpu-4g has Arm CPUs and boots only an Arm64 image" in str(
+        refused.value.errors["node_pools[1].machine_spec.machine_type"]
+    )
+    settings.GCE_GPU_ARM64_IMAGE = "projects/tcc-test/global/images/family/tcc-gpu-node-arm64"
+    prefix = built(alpha, alice, spec, name="gb")
+    properties = template_of(fake, prefix, spec["node_pools"][1]["id"])["properties"]
+    assert properties["disks"][0]["initializeParams"]["sourceImage"] == settings.GCE_GPU_ARM64_IMAGE
+    assert [nic.get("nicType") for nic in properties["networkInterfaces"]] == ["GVNIC"] * 2 + ["MRDMA"] * 4
+    assert len([k for k in fake.resources if f"/subnetworks/{prefix}-rdma-sub" in k]) == 4
+    controller = fake.resources[f"/compute/v1/projects/tcc-test/zones/us-central1-b/instances/{prefix}-ctl"]
+    assert "arm64" not in controller["disks"][0]["initializeParams"]["sourceImage"]  # the controller is x86
+
+
 def test_a_spot_vm_the_cloud_takes_back_is_detected_and_made_again(fake, alpha, alice):
     """Provisioning only; the whole repair on booted VMs is in tests/test_gce_boot.py."""
     spec = gce_spec(nodes=2)

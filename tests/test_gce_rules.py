@@ -139,6 +139,20 @@ def setup_compact_policy(fake):
     fake.resources[f"/compute/v1/{TIGHT}"] = {"name": "tight", "groupPlacementPolicy": {"collocation": "COLLOCATED"}}
 
 
+X86_GPU_IMAGE = (
+    "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
+)
+ARM_GPU_IMAGE = (
+    "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2404-arm64-with-nvidia-570"
+)
+
+
+def booting(machine, image):
+    body = instance(machine, f"zones/{ZONE}/diskTypes/hyperdisk-balanced", on_host_maintenance="TERMINATE")
+    body["disks"][0]["initialize_params"]["source_image"] = image
+    return body
+
+
 def placed(machine, disk):
     return {**instance(machine, f"zones/{ZONE}/diskTypes/{disk}", on_host_maintenance="TERMINATE"),
             "resource_policies": [TIGHT]}  # fmt: skip
@@ -175,6 +189,11 @@ CASES = [
          lambda f: insert_template(f, template(disk="zones/us-central1-b/diskTypes/pd-ssd")),
          lambda f: insert_template(f, template(disk="pd-ssd")),
          "'resource.properties.disks[0].initializeParams.diskType'"),
+    Case("a_vm_boots_an_image_of_its_machines_architecture",
+         lambda f: insert_instance(f, booting("a4x-highgpu-4g", X86_GPU_IMAGE)),
+         lambda f: insert_instance(f, booting("a4x-highgpu-4g", ARM_GPU_IMAGE)),
+         f"Invalid value for field 'resource.disks[0].initializeParams.sourceImage': '{X86_GPU_IMAGE}'. The "
+         "image's architecture is not ARM64, the architecture of machine type a4x-highgpu-4g."),
     Case("hyperdisk_only_machine_types_boot_from_hyperdisk",
          lambda f: insert_instance(f, instance("a3-ultragpu-8g", on_host_maintenance="TERMINATE")),
          lambda f: insert_instance(f, instance("a3-ultragpu-8g", "zones/us-central1-b/diskTypes/hyperdisk-balanced",
@@ -558,6 +577,39 @@ def test_a_node_image_is_baked_through_the_compute_api(fake, alpha):
                   "gpudirect-tcpxo/tcpgpudmarxd-dev:v1.0.14"):  # fmt: skip
         assert f'="us-docker.pkg.dev/gce-ai-infra/{image}"' in script
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_an_arm64_gpu_image_is_baked_on_an_arm_builder_from_ubuntus_arm64_accelerator_image(fake, alpha):
+    """For A4X: the builder is a C4A (Arm, Hyperdisk only: the fake refuses an x86 image or a Persistent Disk
+    on it, as Compute does) booting Ubuntu's Arm64 accelerator image; the family is tcc-gpu-node-arm64."""
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from clusters.backends.gce.image import bake_script
+
+    builders = []
+    original = fake._compute
+
+    def watching(method, path, query, body, injection):
+        if method == "POST" and path.endswith("/instances") and body:
+            builders.append(body)
+        return original(method, path, query, body, injection)
+
+    fake._compute = watching
+    out = io.StringIO()
+    call_command("gce_image", "build", "--project", "alpha", "--zone", ZONE, "--gpu", "--arm64", stdout=out)
+    (builder,) = builders
+    assert builder["machineType"].endswith("/machineTypes/c4a-highcpu-16")
+    assert builder["disks"][0]["initializeParams"]["sourceImage"] == ARM_GPU_IMAGE
+    images = [r for k, r in fake.resources.items() if "/global/images/" in k]
+    assert [image["family"] for image in images] == ["tcc-gpu-node-arm64"]
+    assert f"GCE_GPU_ARM64_IMAGE=projects/{PROJECT}/global/images/family/tcc-gpu-node-arm64" in out.getvalue()
+    script = bake_script(gpu=True, family="tcc-gpu-node-arm64", stamp="x")
+    assert "repo_arch=sbsa" in script  # NVIDIA's Arm64 server repository for DCGM
+    with pytest.raises(CommandError, match="add --gpu"):
+        call_command("gce_image", "build", "--project", "alpha", "--zone", ZONE, "--arm64")
 
 
 def test_a_bake_that_fails_says_why_and_leaves_no_builder(fake, alpha):

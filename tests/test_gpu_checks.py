@@ -163,6 +163,9 @@ def test_the_inventory_knows_each_machine_types_gpu_by_its_real_name():
     assert gpu_inventory.judge(h100, 2, "NVIDIA_H100_80GB").status == PASS  # A3 High and Edge
     assert gpu_inventory.judge(b200, 2, "NVIDIA_H100_80GB").status == FAIL  # once any model passed there
     assert gpu_inventory.judge(b200, 8, "NVIDIA_B200").reason == "found 2 GPUs, expected 8 x B200"
+    gb200 = gpu.Output(0, fixture("nvidia-smi-list-gb200.txt"), "")
+    assert gpu_inventory.judge(gb200, 1, "NVIDIA_GB200").status == PASS  # A4X
+    assert gpu_inventory.judge(b200, 2, "NVIDIA_GB200").status == FAIL  # an A4X partition with A4's GPUs
 
 
 def test_every_simulated_output_exists():

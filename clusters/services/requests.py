@@ -100,11 +100,13 @@ def preflight(*, project, spec):
         raise (Unavailable if exc.retryable else Conflict)(str(exc)) from None
 
 
-def bake_node_image(*, project, zone, gpu=False, family="", base="", report=print):
+def bake_node_image(*, project, zone, gpu=False, arm64=False, family="", base="", report=print):
     """Bake a gce node image with Slurm, munge, gcsfuse and the node runtime installed (nodes boot it
-    without the internet); returns what was made (.image, .family, .family_url)."""
+    without the internet); returns what was made (.image, .family, .family_url). arm64: for A4X's GPUs."""
     try:
-        return get_backend("gce").bake_image(project, zone, gpu=gpu, family=family, base=base, report=report)
+        return get_backend("gce").bake_image(
+            project, zone, gpu=gpu, arm64=arm64, family=family, base=base, report=report
+        )
     except BackendError as exc:
         raise (Unavailable if exc.retryable else Conflict)(str(exc)) from None
 

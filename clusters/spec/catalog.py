@@ -63,6 +63,7 @@ class MachineType:
     reservation_bound: bool = False  # reserved as RESERVATION_BOUND VMs
     fabric: str = ""  # the GPU network beside the system NIC: tcpx, tcpxo or rdma
     gpu_nic_gbps: int = 0  # line rate of the NIC each GPU sends through to other nodes; 0: not recorded
+    architecture: str = "X86_64"  # the CPU's (ARM64 for A4X): a boot image must be of the same
 
 
 @cache

@@ -85,6 +85,14 @@ class GceBackend(Backend):
                         f"{pool['machine_spec']['machine_type']} needs its GPU fabric ({needs}), which the console "
                         "makes only with the VPC it creates: set console.network.create",
                     )
+        login = spec["orchestrator_spec"]["slurm_spec"].get("login_node_pool_id") or ""
+        for i, pool in enumerate(spec["node_pools"]):
+            if pool.get("id") != login and instances.is_arm(pool) and not settings.GCE_GPU_ARM64_IMAGE:
+                yield (
+                    f"node_pools[{i}].machine_spec.machine_type",
+                    f"{pool['machine_spec']['machine_type']} has Arm CPUs and boots only an Arm64 image: bake one "
+                    "with `manage.py gce_image build --gpu --arm64` and set GCE_GPU_ARM64_IMAGE",
+                )
         for path, name in storage.named_paths(spec):
             if not storage.INSTANCE_NAME.match(name):
                 yield path, "must be a full instance name: projects/PROJECT/locations/LOCATION/instances/NAME"
@@ -109,14 +117,15 @@ class GceBackend(Backend):
             return [f"project '{project.slug}' has no Google Cloud project id; an administrator sets it in the admin"]
         return []
 
-    def bake_image(self, project, zone, *, gpu=False, family="", base="", report=print):
+    def bake_image(self, project, zone, *, gpu=False, arm64=False, family="", base="", report=print):
         """Bake a node image (image.py) in the project's Google Cloud project; returns image.Baked."""
         problems = self.project_problems(project)
         if problems:
             raise PermanentBackendError(problems[0])
         return image.build(
-            self.clients_for(project), project.gcp_project_id, zone, gpu=gpu, family=family, base=base, report=report
-        )
+            self.clients_for(project), project.gcp_project_id, zone, gpu=gpu, arm64=arm64, family=family, base=base,
+            report=report,
+        )  # fmt: skip
 
     def preflight(self, project, spec):
 

@@ -34,9 +34,13 @@ apt-get update -qq && apt-get install -y -qq gcsfuse >/dev/null || fail "install
 if [ -n "$GPU" ]; then
   command -v nvidia-smi >/dev/null || fail "the base image has no NVIDIA driver (use an Ubuntu accelerator image)"
   # DCGM for the health checks' dcgmi diag, from NVIDIA's CUDA repository for this Ubuntu release.
+  # (Arm64 images, for A4X's Grace CPUs: NVIDIA's "sbsa" repository, as Cluster Toolkit's A4X blueprint uses.)
   release=$(. /etc/os-release && echo "ubuntu${VERSION_ID//./}")
+  arch=$(dpkg --print-architecture)
+  repo_arch=x86_64
+  [ "$arch" = arm64 ] && repo_arch=sbsa
   curl -fsSL -o /tmp/cuda-keyring.deb \
-    "https://developer.download.nvidia.com/compute/cuda/repos/$release/x86_64/cuda-keyring_1.1-1_all.deb" \
+    "https://developer.download.nvidia.com/compute/cuda/repos/$release/$repo_arch/cuda-keyring_1.1-1_all.deb" \
     && dpkg -i /tmp/cuda-keyring.deb >/dev/null && apt-get update -qq \
     && apt-get install -y -qq datacenter-gpu-manager >/dev/null || fail "installing DCGM"
   # The GPU networks' NCCL plugins, from Google's installer images as Cluster Toolkit's Slurm images
@@ -50,10 +54,12 @@ if [ -n "$GPU" ]; then
   docker run --rm --volume /usr/local/gib:/var/lib/gib "$GIB_INSTALLER" install --install-nccl \
     || fail "installing the gIB NCCL plugin"
   chmod -R a+rX /usr/local/gib
-  docker run --rm --network=host --volume /var/lib:/var/lib "$TCPXO_INSTALLER" install --install-nccl \
-    || fail "installing the GPUDirect-TCPXO NCCL plugin"
-  chmod -R a+rX /var/lib/tcpxo
-  docker pull -q "$TCPXO_DAEMON" >/dev/null || fail "pulling GPUDirect-TCPXO's receive-datapath manager"
+  if [ "$arch" = amd64 ]; then  # GPUDirect-TCPXO is A3 Mega's (x86) alone
+    docker run --rm --network=host --volume /var/lib:/var/lib "$TCPXO_INSTALLER" install --install-nccl \
+      || fail "installing the GPUDirect-TCPXO NCCL plugin"
+    chmod -R a+rX /var/lib/tcpxo
+    docker pull -q "$TCPXO_DAEMON" >/dev/null || fail "pulling GPUDirect-TCPXO's receive-datapath manager"
+  fi
 fi
 
 # The node runtime: the health checks and recipes run with it (GCE_NODE_PYTHON=/opt/tcc/venv/bin/python).

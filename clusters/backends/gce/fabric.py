@@ -3,13 +3,15 @@
     a3-highgpu-8g, a3-edge... 1 system gVNIC + 4 GPU NICs (GPUDirect-TCPX), one VPC each: 5 NICs
     a3-megagpu-8g             1 system gVNIC + 8 GPU NICs (GPUDirect-TCPXO), one VPC each: 9 NICs
     a3-ultragpu-8g, a4-...    2 gVNIC VPCs + 1 RDMA (RoCE) VPC with 8 subnets, 8 MRDMA NICs: 10 NICs
+    a4x-highgpu-4g            2 gVNIC VPCs + the RDMA VPC, 4 MRDMA NICs (one per GPU): 6 NICs
 
 Their subnets take addresses from 100.64.0.0/10 (RFC 6598 shared space, valid for VPC subnets:
 https://cloud.google.com/vpc/docs/subnets#valid-ranges), never from 172.16.0.0/12: A3 Mega's TCPXO
 receive-datapath manager runs in Docker, whose default bridge is 172.17.0.0/16. The RDMA VPC takes no
 firewall rules (https://cloud.google.com/vpc/docs/rdma-network-profiles).
 
-Source: Cluster Toolkit's examples/machine-learning/a3-highgpu-8g, a3-megagpu-8g, a3-ultragpu-8g and a4-highgpu-8g
+Source: Cluster Toolkit's examples/machine-learning/a3-highgpu-8g, a3-megagpu-8g, a3-ultragpu-8g, a4-highgpu-8g and
+a4x-highgpu-4g
 (clusters/data/reference_architectures.json). The console builds these only on the VPCs it creates
 (`console.network.create`); on an existing VPC a node gets the one NIC of that VPC.
 """
@@ -43,8 +45,15 @@ def needs(pool):
     if layout in GPU_NICS:
         return f"{GPU_NICS[layout]} GPU VPCs for GPUDirect-{layout.upper()}, one NIC each"
     if layout == "rdma":
-        return "a second gVNIC VPC and an RDMA (RoCE) VPC with 8 subnets for its 8 MRDMA NICs"
+        count = rdma_nics(pool)
+        return f"a second gVNIC VPC and an RDMA (RoCE) VPC with {count} subnets for its {count} MRDMA NICs"
     return ""
+
+
+def rdma_nics(pool):
+    """MRDMA NICs of an RDMA machine type: one per GPU (8 on A3 Ultra and A4, 4 on A4X)."""
+    info = machine_type_info(pool["machine_spec"]["machine_type"])
+    return info.accelerator_count if info else 8
 
 
 def layout_of(pool):
@@ -54,7 +63,8 @@ def layout_of(pool):
 
 
 def nets(cloud, layout):
-    """The extra VPCs of `layout` for this cluster, in NIC order after nic0 (the cluster's own VPC)."""
+    """The extra VPCs of `layout` for this cluster, in NIC order after nic0 (the cluster's own VPC). The
+    RDMA VPC has a subnet per MRDMA NIC of the cluster's largest RDMA machine type."""
     prefix = cloud.n.prefix
     if layout in GPU_NICS:
         found = [
@@ -68,7 +78,7 @@ def nets(cloud, layout):
             Net(
                 f"{prefix}-rdma",
                 RDMA_MTU,
-                [(f"{prefix}-rdma-sub{i}", f"100.{80 + i}.0.0/16") for i in range(8)],
+                [(f"{prefix}-rdma-sub{i}", f"100.{80 + i}.0.0/16") for i in range(rdma_subnets(cloud))],
                 nic_type="MRDMA",
                 profile=profile,
             ),
@@ -78,6 +88,10 @@ def nets(cloud, layout):
     for net in found:
         net.internal_firewall = "" if net.profile else f"{net.name}-internal"
     return found
+
+
+def rdma_subnets(cloud):
+    return max((rdma_nics(pool) for pool in cloud.compute_pools if layout_of(pool) == "rdma"), default=8)
 
 
 def cluster_nets(cloud):
@@ -96,7 +110,8 @@ def extra_interfaces(cloud, pool):
         return []
     found = []
     for net in nets(cloud, layout_of(pool)):
-        for subnet, _cidr in net.subnets:
+        subnets = net.subnets[: rdma_nics(pool)] if net.nic_type == "MRDMA" else net.subnets
+        for subnet, _cidr in subnets:
             found.append(
                 compute_v1.NetworkInterface(
                     network=f"projects/{cloud.project}/global/networks/{net.name}",

@@ -29,6 +29,13 @@ BAKE = Path(__file__).resolve().parent / "bake.sh"
 CPU_BASE = "projects/debian-cloud/global/images/family/debian-12"
 GPU_BASE = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
 BUILDER_MACHINE = "n2-standard-8"
+# Arm64 GPU nodes (A4X, Grace CPUs) boot only Arm images (cloud.google.com/compute/docs/instances/arm-on-compute):
+# baked from Ubuntu's Arm64 accelerator image on an Arm builder, C4A, which takes Hyperdisk only, as
+# Cluster Toolkit's examples/machine-learning/a4x-highgpu-4g blueprint builds its image.
+ARM64_GPU_BASE = (
+    "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2404-arm64-with-nvidia-570"
+)
+ARM64_BUILDER_MACHINE = "c4a-highcpu-16"
 
 
 class Baked:
@@ -40,27 +47,30 @@ class Baked:
         return f"projects/{self.project}/global/images/family/{self.family}"
 
 
-def build(clients, project, zone, *, gpu=False, family="", base="", report=print):
-    """Bake an image into `family` (default tcc-node or tcc-gpu-node) in Google Cloud project `project`."""
+def build(clients, project, zone, *, gpu=False, arm64=False, family="", base="", report=print):
+    """Bake an image into `family` (default tcc-node, tcc-gpu-node or tcc-gpu-node-arm64) in Google Cloud
+    project `project`; arm64: a GPU image for Arm machine types (A4X)."""
     from google.api_core import exceptions
     from google.cloud import compute_v1
 
-    family = family or ("tcc-gpu-node" if gpu else "tcc-node")
+    if arm64 and not gpu:
+        raise PermanentBackendError("an Arm64 image is baked for A4X's GPU nodes: add --gpu")
+    family = family or ("tcc-gpu-node-arm64" if arm64 else "tcc-gpu-node" if gpu else "tcc-node")
     stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
     builder, image = f"{family}-builder-{stamp}", f"{family}-{stamp}"
     labels = {"managed-by": "training-cluster-console", "tcc-image": family}
     instance = compute_v1.Instance(
         name=builder,
-        machine_type=f"zones/{zone}/machineTypes/{BUILDER_MACHINE}",
+        machine_type=f"zones/{zone}/machineTypes/{ARM64_BUILDER_MACHINE if arm64 else BUILDER_MACHINE}",
         labels=labels,
         disks=[
             compute_v1.AttachedDisk(
                 boot=True,
                 auto_delete=True,
                 initialize_params=compute_v1.AttachedDiskInitializeParams(
-                    source_image=base or (GPU_BASE if gpu else CPU_BASE),
+                    source_image=base or (ARM64_GPU_BASE if arm64 else GPU_BASE if gpu else CPU_BASE),
                     disk_size_gb=100 if gpu else 30,
-                    disk_type=f"zones/{zone}/diskTypes/pd-balanced",
+                    disk_type=f"zones/{zone}/diskTypes/{'hyperdisk-balanced' if arm64 else 'pd-balanced'}",
                 ),
             )
         ],

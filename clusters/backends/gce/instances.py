@@ -40,10 +40,18 @@ CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
 
 def image_for(pool, role):
-    """GPU compute pools boot GCE_GPU_IMAGE (an image with the NVIDIA driver and DCGM), the rest GCE_IMAGE."""
+    """GPU compute pools boot GCE_GPU_IMAGE (an image with the NVIDIA driver and DCGM), or on an Arm machine
+    type (A4X) GCE_GPU_ARM64_IMAGE; the rest GCE_IMAGE."""
+    if role == "compute" and is_arm(pool):
+        return settings.GCE_GPU_ARM64_IMAGE
     if role == "compute" and is_gpu_pool(pool):
         return settings.GCE_GPU_IMAGE or settings.GCE_IMAGE
     return settings.GCE_IMAGE
+
+
+def is_arm(pool):
+    info = machine_type_info(pool["machine_spec"]["machine_type"])
+    return bool(info) and info.architecture == "ARM64"
 
 
 # The spec's provisioning models as Compute's. RESERVATION is STANDARD with a reservation affinity, or

@@ -10,6 +10,7 @@ MODELS = {
     "NVIDIA_H100_MEGA_80GB": "H100",
     "NVIDIA_H200_141GB": "H200",
     "NVIDIA_B200": "B200",
+    "NVIDIA_GB200": "GB200",  # A4X: "GPU 0: NVIDIA GB200 (UUID: ...)" (tests/fixtures/gpu/README.md)
 }
 
 
