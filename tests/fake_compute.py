@@ -350,6 +350,12 @@ class FakeGoogleCloud:
             self._refresh_firewalls()
         return status, payload
 
+    def _disk_architecture(self, source_disk):
+        """A disk's architecture (ARM64 or X86_64): its instance's boot image's (disks are named after their VM)."""
+        instance = self.resources.get("/compute/v1/" + source_disk.replace("/disks/", "/instances/")) or {}
+        boot = ((instance.get("disks") or [{}])[0].get("initializeParams") or {}).get("sourceImage") or ""
+        return fake_rules.image_architecture(self.resources, boot)
+
     def _compute_resource(self, method, path, query, body, injection):
         match = COMPUTE.match(path)
         if not match:
@@ -435,6 +441,9 @@ class FakeGoogleCloud:
             if collection == "instances":
                 self._address(key)
                 self._boot(key)
+            if collection == "images" and "architecture" not in body:
+                # An image made from a disk has the disk's architecture, which came from its source image.
+                self.resources[key]["architecture"] = self._disk_architecture(body.get("sourceDisk") or "")
             return 200, self._operation(scope_url, self.endpoint + key, "insert")
         if len(rest) == 1 and method == "GET":
             items = [r for k, r in self.resources.items() if k.rsplit("/", 1)[0] == collection_path]

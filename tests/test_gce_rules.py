@@ -604,10 +604,13 @@ def test_an_arm64_gpu_image_is_baked_on_an_arm_builder_from_ubuntus_arm64_accele
     assert builder["machineType"].endswith("/machineTypes/c4a-highcpu-16")
     assert builder["disks"][0]["initializeParams"]["sourceImage"] == ARM_GPU_IMAGE
     images = [r for k, r in fake.resources.items() if "/global/images/" in k]
-    assert [image["family"] for image in images] == ["tcc-gpu-node-arm64"]
+    assert [(image["family"], image["architecture"]) for image in images] == [("tcc-gpu-node-arm64", "ARM64")]
     assert f"GCE_GPU_ARM64_IMAGE=projects/{PROJECT}/global/images/family/tcc-gpu-node-arm64" in out.getvalue()
     script = bake_script(gpu=True, family="tcc-gpu-node-arm64", stamp="x")
     assert "repo_arch=sbsa" in script  # NVIDIA's Arm64 server repository for DCGM
+    # An image has its disk's architecture, whatever its family is called (the fake, as Compute).
+    call_command("gce_image", "build", "--project", "alpha", "--zone", ZONE, "--gpu", "--arm64", "--family", "gb")
+    assert fake_rules.image_architecture(fake.resources, f"projects/{PROJECT}/global/images/family/gb") == "ARM64"
     with pytest.raises(CommandError, match="add --gpu"):
         call_command("gce_image", "build", "--project", "alpha", "--zone", ZONE, "--arm64")
 
