@@ -1,18 +1,24 @@
 """Tiny recipe runs on this machine's GPUs, as the nodes run them (torchrun, one rank per GPU, NCCL):
 a pretraining run in bf16 (tensor parallel 2 x FSDP2 with two or more GPUs) that saves at step 4 and
 resumes from it to the same final loss, then DPO on every GPU from its checkpoint (accelerate's FSDP2
-over the policy and its reference: the path CPU ranks cannot take). Prints each run's losses, its
-seconds and its peak memory. No Django, no Slurm; on a machine without GPUs it says it skipped.
+over the policy and its reference: the path CPU ranks cannot take), then the model exported and served
+by one replica (recipes/node/serve.py: vLLM when it is installed, else the transformers engine) answering
+a completion. Prints each run's losses, its seconds and its peak memory, and the replica's time to ready
+and first answer. No Django, no Slurm; on a machine without GPUs it says it skipped.
 
 Usage: python benchmarks/gpu_runs.py
 """
 
+import importlib.util
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +58,43 @@ def run(folder, ranks):
     return json.loads((folder / "result.json").read_text())
 
 
+def serve(work, checkpoint, config):
+    """The checkpoint exported to a Hugging Face folder and served by one replica; (engine, seconds to
+    ready, seconds for one completion, its text)."""
+    folder = work / "model"
+    export = [sys.executable, "-m", "recipes.node.train", str(config), "--export", str(checkpoint), str(folder)]
+    subprocess.run(export, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    engine = "vllm" if importlib.util.find_spec("vllm") else "transformers"
+    token, announce = work / "token", work / "announce.json"
+    token.write_text("gpu-smoke")
+    token.chmod(0o600)
+    command = [sys.executable, "-m", "recipes.node.serve", "--model", str(folder), "--served-name", "smoke",
+               "--version", "smoke:v1", "--announce", str(announce), "--token-file", str(token),
+               "--engine", engine]  # fmt: skip
+    started = time.perf_counter()
+    with (work / "replica.log").open("w") as log:
+        replica = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while not announce.exists():
+            if replica.poll() is not None or time.perf_counter() - started > 900:
+                raise SystemExit(f"the replica did not become ready (log: {work / 'replica.log'})")
+            time.sleep(0.5)
+        ready = time.perf_counter() - started
+        where = json.loads(announce.read_text())
+        request = urllib.request.Request(
+            f"http://{where['host']}:{where['port']}/v1/completions",
+            data=json.dumps({"model": "smoke", "prompt": "the model", "max_tokens": 8}).encode(),
+            headers={"Authorization": "Bearer gpu-smoke", "Content-Type": "application/json"},
+        )
+        asked = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=120) as response:
+            text = json.loads(response.read())["choices"][0]["text"]
+        return engine, ready, time.perf_counter() - asked, text
+    finally:
+        os.killpg(replica.pid, signal.SIGTERM)  # the engine's processes with it
+        replica.wait(timeout=60)
+
+
 def main():
     import torch
 
@@ -75,6 +118,10 @@ def main():
     )  # fmt: skip
     result = run(dpo, gpus)
     print(f"dpo on {result['world']} rank(s): final loss {result['final_loss']:.4f}")
+    engine, ready, answered, text = serve(
+        work, work / "pretrain" / "checkpoints" / "step-8", work / "pretrain" / "config.json"
+    )
+    print(f"replica ({engine}): ready in {ready:.1f} s, a completion in {answered:.2f} s: {text!r}")
     shutil.rmtree(work, ignore_errors=True)
     return 0 if abs(resumed["final_loss"] - whole["final_loss"]) < 1e-3 else 1
 

@@ -3,7 +3,8 @@
 #   1. the health checks on this node's GPUs with each check's figures (benchmarks/gpu_node_checks.py);
 #   2. every full recipe profile built on the meta device and its parameter count (tests/test_full_profiles.py);
 #   3. tiny recipe runs on the GPUs: bf16 pretraining (tensor 2 x FSDP2 with 2+ GPUs) with save and resume,
-#      and DPO on every GPU (accelerate's FSDP2: the RL path CPU ranks cannot take) (benchmarks/gpu_runs.py);
+#      DPO on every GPU (accelerate's FSDP2: the RL path CPU ranks cannot take), and the model served by one
+#      replica on vLLM when it is installed, else the transformers engine (benchmarks/gpu_runs.py);
 # It uses .venv if there is one, else python3; a step whose packages are missing says so and the rest go on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
