@@ -30,7 +30,8 @@ def main():
     chosen = args.recipes or sorted(r for r, recipe in recipes().items() if recipe["kind"] != "rl")
     print("Peak GB per GPU of one traced training step (forward, backward) and the fit check's estimate without")
     print("its CUDA context and fragmentation allowance.")
-    print(f"{'profile':24} {'layout':>12} {'forward':>8} {'backward':>9} {'fit':>7} {'fit/peak':>9} {'seconds':>8}")
+    print(f"{'profile':24} {'layout':>12} {'checkpoint':>10} {'forward':>8} {'backward':>9} {'fit':>7} {'fit/peak':>9} "
+          f"{'seconds':>8}")  # fmt: skip
     for recipe_id in chosen:
         recipe = get_recipe(recipe_id)
         profile = dict(recipe["profiles"]["full"])
@@ -44,13 +45,14 @@ def main():
         seconds = time.perf_counter() - started
         estimate = fit.estimate(
             profile, recipe["family"], tensor=tensor, data=world // tensor, micro_batch=profile["micro_batch"],
-            seq_len=profile["seq_len"],
+            seq_len=profile["seq_len"], checkpointing=config["parallel"]["activation_checkpointing"],
         )  # fmt: skip
         expected = estimate.total - estimate.parts["context and fragmentation"]
         peak = max(traced["forward"], traced["backward"])
         layout = f"tp{tensor} x dp{world // tensor}"
+        mode = "selective" if config["parallel"]["activation_checkpointing"] == "selective" else "layers"
         print(
-            f"{recipe_id:24} {layout:>12} {traced['forward'] / GB:8.1f} {traced['backward'] / GB:9.1f} "
+            f"{recipe_id:24} {layout:>12} {mode:>10} {traced['forward'] / GB:8.1f} {traced['backward'] / GB:9.1f} "
             f"{expected / GB:7.1f} {expected / peak - 1:+9.0%} {seconds:8.1f}"
         )
 

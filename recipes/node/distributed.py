@@ -169,9 +169,12 @@ def parallelize(model, layout, mixed_precision, activation_checkpointing, strate
 
     if activation_checkpointing:
         # Recompute each decoder layer in the backward pass instead of keeping its activations (a KV
-        # cache is for generation: off, as checkpointing requires).
+        # cache is for generation: off, as checkpointing requires); "selective": keep some of them.
         model.config.use_cache = False
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if activation_checkpointing == "selective":
+            kwargs["context_fn"] = selective_context
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     if layout.world == 1:
         return model
     if strategy == "ddp":
@@ -192,6 +195,41 @@ def parallelize(model, layout, mixed_precision, activation_checkpointing, strate
         fully_shard(layer, mesh=layout.mesh["dp"], mp_policy=policy)
     fully_shard(model, mesh=layout.mesh["dp"], mp_policy=policy)
     return model
+
+
+def saved_ops():
+    """What selective activation checkpointing keeps instead of recomputing (torchtitan's "selective op"
+    list): matrix products, attention's fused kernels and the sequence-parallel reduce-scatters."""
+    import torch
+
+    aten = torch.ops.aten
+    names = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")  # fmt: skip
+    found = {aten.mm.default, torch.ops._c10d_functional.reduce_scatter_tensor.default}
+    return found | {getattr(aten, name).default for name in names if hasattr(aten, name)}
+
+
+def selective_context():
+    """Contexts for one layer's checkpoint under selective activation checkpointing, as torchtitan's
+    "selective op" policy: every op of saved_ops() keeps its output, except every second matrix
+    product (in the forward and again in the recomputation, counted apart), which is recomputed with
+    the rest. Less recomputation than whole-layer checkpointing for more memory (fit.py counts it)."""
+    from collections import Counter
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    keep, count = saved_ops(), Counter()
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            count[mode] += 1
+            if count[mode] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def tensor_parallel(model, mesh):

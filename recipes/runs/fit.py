@@ -12,7 +12,8 @@ tp, the sequence split between the blocks; pipeline stages fold into data parall
   one FSDP prefetches);
 - the output layer's bf16 gradient (its 1/tp), which waits for the end of the backward pass;
 - activations: with activation checkpointing each layer keeps its bf16 input, split along the sequence
-  (b x s x h x 2 / tp bytes); without it every layer keeps its whole working set;
+  (b x s x h x 2 / tp bytes), and with selective checkpointing some outputs besides (kept_per_layer);
+  without it every layer keeps its whole working set;
 - the working set, the larger of one layer's backward and the loss. A layer's backward recomputes its
   activations, b x s x h x 34 / tp bytes with sequence parallelism (Korthikanti et al., "Reducing
   Activation Recomputation in Large Transformer Models", 2022, table 2, without the s^2 attention term
@@ -129,8 +130,9 @@ class Estimate:
 
 
 def estimate(
-    shape, family, *, tensor, data, micro_batch, seq_len, accelerator_type="", checkpointing=True, reference=False
-):
+    shape, family, *, tensor, data, micro_batch, seq_len, accelerator_type="", checkpointing="selective",
+    reference=False,
+):  # fmt: skip
     """Bytes per GPU for training `shape` with tensor x data ranks at micro_batch x seq_len tokens; with
     reference=True (DPO) also a frozen reference copy of the model, sharded as the policy is (its fp32
     weights: 4 bytes per parameter over the ranks, no gradients or optimizer states), and micro-batches
@@ -158,7 +160,7 @@ def estimate(
         "model states": 16 * sharded,
         "gathered weights": 2 * (2 * p.per_layer + p.outer) / tensor,
         "output layer's gradient": 2 * head / tensor,
-        "activations": p.layers * tokens * h * 2 / tensor if checkpointing else p.layers * layer_working,
+        "activations": p.layers * kept_per_layer(shape, tokens, tensor, checkpointing, layer_working),
         "working set": max(layer_backward, loss_working),
     }
     if reference:
@@ -170,6 +172,26 @@ def estimate(
     mfu = PLANNING_MFU["fsdp+tp" if tensor > 1 else "fsdp"]
     tokens_per_s = expected_tokens_per_s(shape, family, seq_len, found["bf16_tflops"], mfu)
     return Estimate(parts, found["memory_gb"] * GB, found["name"], tokens_per_s, mfu)
+
+
+def kept_per_layer(shape, tokens, tensor, checkpointing, layer_working):
+    """Bytes one decoder layer keeps from its forward to its backward pass: with activation checkpointing
+    its bf16 input, split along the sequence (b x s x h x 2 / tp); selective checkpointing also keeps the
+    outputs of attention and of every other matrix product of the layer (q, v, gate and down: q, v and
+    gate column-parallel, split over tp; down's before its reduce-scatter, whole); without checkpointing
+    its whole working set."""
+    if not checkpointing:
+        return layer_working
+    h = shape["hidden_size"]
+    kept = tokens * h * 2 / tensor
+    if checkpointing == "selective":
+        heads, kv = shape["heads"], shape.get("kv_heads", shape["heads"])
+        head_dim = shape.get("head_dim", h // heads)
+        # q, v and gate, and attention's output where a fused kernel makes it (not Gemma 2's eager path)
+        attention = 0 if shape.get("attn_logit_softcapping") else heads * head_dim
+        split = attention + heads * head_dim + kv * head_dim + shape["intermediate_size"]
+        kept += tokens * 2 * (split / tensor + h)
+    return kept
 
 
 def expected_tokens_per_s(shape, family, seq_len, peak_tflops, mfu):

@@ -64,6 +64,32 @@ def layout_of(recipe, profile, nodes, errors):
     return ranks, tensor, data, global_batch // (profile["micro_batch"] * data), global_batch
 
 
+def fitting_estimate(recipe, profile, profile_name, *, tensor, data, accelerator):
+    """(the memory estimate, the activation checkpointing to train with): GPU pretraining, CPT and SFT keep
+    what is dear to recompute (selective checkpointing: less recomputation) where the memory allows it,
+    else recompute whole layers, as tiny and RL runs always do."""
+    modes = ["selective", True] if profile_name == "full" and recipe["kind"] != "rl" else [True]
+    for checkpointing in modes:
+        estimate = fit.estimate(
+            profile, recipe["family"], tensor=tensor, data=data, micro_batch=profile["micro_batch"],
+            seq_len=profile["seq_len"], accelerator_type=accelerator,
+            reference=(recipe.get("rl") or {}).get("algorithm") == "dpo", checkpointing=checkpointing,
+        )  # fmt: skip
+        if estimate.fits:
+            break
+    return estimate, checkpointing
+
+
+def reference_accelerator(recipe):
+    """The GPU of the recipe's reference machine (its catalog hardware's architecture)."""
+    from clusters.spec.catalog import machine_type_info
+    from clusters.spec.reference import architectures
+
+    found = architectures().get(recipe["hardware"]["architecture"])
+    info = machine_type_info(found.data["machine_type"]) if found else None
+    return info.accelerator_type if info else ""
+
+
 def validate_launch(cluster, data, *, stage=True):
     """The checked launch request, or FieldErrors naming each bad field. With stage=False (a preview)
     nothing is written anywhere: a registered version is read from the registry, not copied."""
@@ -97,14 +123,12 @@ def validate_launch(cluster, data, *, stage=True):
     if isinstance(init_from, HubFolder) and profile:
         profile = {**profile, **init_from.shape}  # the folder's model is the one trained and laid out
     layout = layout_of(recipe, profile, nodes, errors) if recipe and profile and nodes else None
-    estimate = None
+    estimate, checkpointing = None, True
     if layout and shape:
         _ranks, tensor, data_ranks, _accumulation, _global = layout
-        estimate = fit.estimate(
-            profile, recipe["family"], tensor=tensor, data=data_ranks, micro_batch=profile["micro_batch"],
-            seq_len=profile["seq_len"], accelerator_type=shape[2] if shape[1] else "",
-            reference=(recipe.get("rl") or {}).get("algorithm") == "dpo",
-        )  # fmt: skip
+        estimate, checkpointing = fitting_estimate(
+            recipe, profile, profile_name, tensor=tensor, data=data_ranks, accelerator=shape[2] if shape[1] else ""
+        )
         if recipe["kind"] == "rl":  # TRL's trainers (and GRPO's generation) are not what the planning MFU measured
             estimate.tokens_per_s = estimate.mfu = None
         if not estimate.fits:
@@ -141,6 +165,7 @@ def validate_launch(cluster, data, *, stage=True):
         "global_batch": global_batch,
         "accelerator": shape[2] if shape[1] else "",
         "estimate": estimate.as_dict(),
+        "checkpointing": checkpointing,
         "dataset": dataset,
         "register_as": register_as,
         "alias": alias,
@@ -390,7 +415,7 @@ def resolve_config(launch, work_dir, runtime):
         "parallel": {
             "tensor": launch["tensor"],
             "global_batch": launch["global_batch"],
-            "activation_checkpointing": True,
+            "activation_checkpointing": launch.get("checkpointing", True),  # validate_launch's choice
             "loss_chunk": profile.get("loss_chunk"),
             # GPU runs write checkpoints while they train (a 70B's shards take minutes to write).
             "async_checkpoint": launch["profile_name"] == "full",
@@ -449,11 +474,14 @@ def offline_config(recipe_id, work_dir, *, profile_name="full", profile=None, la
     if layers is not None:
         profile = {**profile, "layers": layers}
     ranks = profile["nodes"] * (profile.get("ranks_per_node") or profile.get("gpus_per_node") or 1)
+    tensor = profile.get("tensor", 1)
+    _estimate, checkpointing = fitting_estimate(recipe, profile, profile_name, tensor=tensor, data=ranks // tensor,
+                                                accelerator=reference_accelerator(recipe))  # fmt: skip
     plan = {
-        "recipe": recipe, "profile": profile, "profile_name": profile_name, "tensor": profile.get("tensor", 1),
+        "recipe": recipe, "profile": profile, "profile_name": profile_name, "tensor": tensor,
         "global_batch": profile.get("global_batch") or profile["micro_batch"] * ranks, "steps": steps,
         "accelerator": None, "estimate": None, "dataset": None, "register_as": None, "init_from": None,
-        "cluster": None,
+        "cluster": None, "checkpointing": checkpointing,
     }  # fmt: skip
     return resolve_config(plan, work_dir, SimpleNamespace(folder=str(work_dir))), ranks
 
