@@ -51,6 +51,8 @@ SERVICE_ACCOUNTS = re.compile(r"^/v1/projects/(?P<project>[^/]+)/serviceAccounts
 PROJECT_POLICY = re.compile(r"^/v3/projects/(?P<project>[^/:]+):(?P<verb>getIamPolicy|setIamPolicy)$")
 # https://cloud.google.com/iam/docs/reference/rest/v1/projects.serviceAccounts/create: accountId "must be
 # 6-30 characters long, and match the regular expression [a-z]([-a-z0-9]*[a-z0-9])".
+# The booting fake's console network (in a project of its own, as a console's host project would be).
+CONSOLE_NETWORK = "projects/console-host/global/networks/console"
 ACCOUNT_ID = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])\Z")
 SERIAL_DONE = "google_metadata_script_runner[812]: startup-script: tcc-startup: done\n"
 INSTANCE_TYPES = {"file": "google.cloud.filestore.v1.Instance", "lustre": "google.cloud.lustre.v1.Instance"}
@@ -91,6 +93,14 @@ class FakeGoogleCloud:
         self.operation_steps = 2
         self.changed = threading.Condition(self.lock)  # metadata waits (wait_for_change)
         self.vpc = VPC(root) if boot else None
+        # Where the console's workers are (booting only): a network of their own, reaching a cluster's VPC
+        # only through a peering (_routed).
+        self.console_network = CONSOLE_NETWORK if boot else None
+        if boot:
+            self.resources[f"/compute/v1/{CONSOLE_NETWORK}"] = {
+                "name": CONSOLE_NETWORK.rsplit("/", 1)[1],
+                "peerings": [],
+            }
         # VM changes a request makes (boot, halt, destroy), run in order once the lock is released: a boot
         # copies /etc (seconds under load), and every VM's metadata read waited on the lock meanwhile.
         self.vm_changes = []
@@ -185,6 +195,7 @@ class FakeGoogleCloud:
             "GCE_REACH_CLUSTERS": self.vpc is not None,
             # The console reaches the VMs from this machine, on the fake VPC's bridge.
             "GCE_CONSOLE_RANGES": [f"{self.vpc.subnet}.0/24"] if self.vpc is not None else [],
+            "GCE_CONSOLE_NETWORK": self.console_network or "",
         }
 
     def configure(self, settings):
@@ -346,8 +357,11 @@ class FakeGoogleCloud:
     def _compute(self, method, path, query, body, injection):
         status, payload = self._compute_resource(method, path, query, body, injection)
         match = COMPUTE.match(path)
-        if self.vpc is not None and method != "GET" and status < 300 and match["rest"].startswith("firewalls"):
-            self._refresh_firewalls()
+        changed = method != "GET" and status < 300
+        if changed and match["rest"].startswith("networks"):
+            self._peering_states()  # a deleted network's peers' peerings go INACTIVE
+        if changed and self.vpc is not None and match["rest"].startswith(("firewalls", "networks")):
+            self._refresh_firewalls()  # what the console reaches: the rules, and the routes (peerings)
         return status, payload
 
     def _disk_architecture(self, source_disk):
@@ -386,9 +400,10 @@ class FakeGoogleCloud:
                 peer = "/compute/v1/" + peering.get("network", "").split("/compute/v1/")[-1].lstrip("/")
                 if peer not in self.resources:
                     return 400, http_error(400, f"The resource '{peering.get('network')}' was not found", "invalid")
-                peerings.append({**peering, "state": "ACTIVE"})
+                peerings.append({**peering, "state": "INACTIVE"})
             else:
                 self.resources[key]["peerings"] = [p for p in peerings if p.get("name") != body.get("name")]
+            self._peering_states()
             return 200, self._operation(scope_url, self.endpoint + key, rest[2])
         if collection == "instances" and len(rest) == 3 and rest[2] in ("reset", "start", "stop") and method == "POST":
             key = f"{collection_path}/{rest[1]}"
@@ -585,12 +600,36 @@ class FakeGoogleCloud:
         for key in self.instances():
             self._vm_change("firewall", key.rsplit("/", 1)[1], self._console_ports(self.resources[key]))
 
+    def _peering_states(self):
+        """Each peering ACTIVE when the network it names has one back, else INACTIVE: "the peering becomes
+        ACTIVE after the network administrator of the other network creates a matching peering configuration",
+        and a peering whose peer network was deleted (or removed its side) goes INACTIVE
+        (https://cloud.google.com/vpc/docs/using-vpc-peering#creating_a_peering_configuration)."""
+        for key, network in self.resources.items():
+            for peering in network.get("peerings") or []:
+                peer = self.resources.get("/compute/v1/" + network_id(peering.get("network", "")), {})
+                back = [network_id(p.get("network", "")) for p in peer.get("peerings") or []]
+                peering["state"] = "ACTIVE" if key.removeprefix("/compute/v1/") in back else "INACTIVE"
+
+    def _routed(self, network):
+        """Has the console (the gateway, in its own network) a route to `network`: the same network, or an
+        ACTIVE peering with it (subnet routes are exchanged both ways)? Without a console network (a fake
+        that does not model where the console is) every network is routed."""
+        if self.console_network is None or network == self.console_network:
+            return True
+        peerings = self.resources.get(f"/compute/v1/{network}", {}).get("peerings") or []
+        return any(network_id(p.get("network", "")) == self.console_network and p.get("state") == "ACTIVE"
+                   for p in peerings)  # fmt: skip
+
     def _console_ports(self, instance):
-        """The TCP port ranges of `instance` that the console (the VPC's gateway) may connect to: those the
-        ingress allow rules of its network admit from a source range holding the gateway's address, for its
-        tags (a rule without target tags applies to every instance of the network). Deny rules and
-        priorities are not modelled: the console makes allow rules only."""
+        """The TCP port ranges of `instance` that the console (the VPC's gateway) may connect to: none
+        without a route (_routed: peering), else those the ingress allow rules of its network admit from a
+        source range holding the gateway's address, for its tags (a rule without target tags applies to
+        every instance of the network). Deny rules and priorities are not modelled: the console makes allow
+        rules only."""
         network = network_id(instance["networkInterfaces"][0].get("network", ""))
+        if not self._routed(network):
+            return []
         tags = set((instance.get("tags") or {}).get("items", []))
         gateway = ipaddress.ip_address(self.vpc.gateway)
         ports = []

@@ -520,7 +520,7 @@ def quota(metric, limit, usage=0):
     return {"metric": metric, "limit": limit, "usage": usage}
 
 
-def test_preflight_checks_apis_quotas_and_the_reservation(fake, alpha, alice, tmp_path):
+def test_preflight_checks_apis_quotas_and_the_reservation(fake, alpha, alice, tmp_path, settings):
     """Dana's platform team runs `manage.py preflight` before the create: it names what is missing."""
     from django.core.management import call_command
     from django.core.management.base import CommandError
@@ -582,6 +582,13 @@ def test_preflight_checks_apis_quotas_and_the_reservation(fake, alpha, alice, tm
     del fake.resources["/compute/v1/projects/gpu-pool/zones/us-central1-b/reservations/shared-block"]
     found = {f.check: f for f in services.preflight(project=alpha, spec=spec)}["reservation shared-block"]
     assert found.status == "fail" and "not found in project gpu-pool" in found.detail
+    # A console that reaches its clusters needs a route to the new VPC: its peering with the workers' network.
+    settings.GCE_REACH_CLUSTERS, settings.GCE_CONSOLE_NETWORK = True, ""
+    found = {f.check: f for f in services.preflight(project=alpha, spec=spec)}["console reach"]
+    assert found.status == "fail" and "no route to this cluster's new VPC: set GCE_CONSOLE_NETWORK" in found.detail
+    settings.GCE_CONSOLE_NETWORK = "projects/ops/global/networks/console"
+    found = {f.check: f for f in services.preflight(project=alpha, spec=spec)}["console reach"]
+    assert found.status == "ok" and found.detail == "peered with projects/ops/global/networks/console"
     del pool["machine_spec"]["reservation_affinity"]
     spec["node_pools"][1]["machine_spec"]["machine_type"] = "a3-ultragpu-9g"
     with pytest.raises(SpecError):

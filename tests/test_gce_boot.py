@@ -226,6 +226,37 @@ def test_the_console_reaches_the_controller_through_the_firewall_rule_it_made_an
     assert {n.name for n in SlurmRest(backend().slurm_endpoint(cluster)).nodes()} == {"cpu-0", "cpu-1"}
 
 
+def test_the_console_reaches_the_controller_only_while_its_network_is_peered_with_the_clusters(cluster, fake):
+    """The console's workers are in a network of their own (GCE_CONSOLE_NETWORK): the fake gives them a route
+    to a cluster's new VPC only through an ACTIVE peering, which needs a peering on each side. The create
+    made both; a network administrator removing the console's side leaves the cluster's INACTIVE and the
+    controller out of reach, firewall rule or not; adding it back restores both."""
+    from clusters.backends.gce.names import owner_and_name
+
+    project, console = owner_and_name(fake.console_network, "tcc-test")
+    network = f"{fake.endpoint}/compute/v1/projects/{project}/global/networks/{console}"
+    named = names("glab", "train")
+    cluster_net = fake.resources[f"/compute/v1/projects/tcc-test/global/networks/{named.network}"]
+
+    def send(verb, body):
+        request = urllib.request.Request(f"{network}/{verb}", data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        urllib.request.urlopen(request, timeout=10).read()
+
+    assert [(p["name"], p["state"]) for p in cluster_net["peerings"]] == [(named.console_peering, "ACTIVE")]
+    endpoint = backend().agent_endpoint(cluster)
+    send("removePeering", {"name": named.console_peering})
+    try:
+        assert [p["state"] for p in cluster_net["peerings"]] == ["INACTIVE"]
+        with pytest.raises(TransientBackendError, match="not answering"):
+            AgentClient(endpoint, timeout=3).stat(".")
+    finally:
+        peer = f"projects/tcc-test/global/networks/{named.network}"
+        send("addPeering", {"networkPeering": {"name": named.console_peering, "network": peer}})
+    assert [p["state"] for p in cluster_net["peerings"]] == ["ACTIVE"]
+    assert AgentClient(endpoint, timeout=10).stat(".")["exists"]
+
+
 def test_the_controllers_doors_listen_on_its_internal_address_only(cluster, fake):
     """slurmrestd and the agent answer on the controller's internal address (where the firewall admits the
     console's range alone), not on loopback or any other interface a container could reach."""

@@ -715,7 +715,15 @@ def test_only_the_consoles_workers_reach_the_controllers_doors(fake, alpha, alic
     assert operation.status == "FAILED" and "GCE_CONSOLE_RANGES is empty" in operation.error
     Cluster.objects.all().delete()
 
+    # With the workers' range but no network of theirs to peer with, a new VPC would be out of their reach.
     settings.GCE_CONSOLE_RANGES = ["10.200.0.0/24"]
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == "FAILED" and "no route to this cluster's new VPC" in operation.error
+    assert not fake.instances()
+    Cluster.objects.all().delete()
+
     settings.GCE_CONSOLE_NETWORK = "projects/console-host/global/networks/console"
     fake.resources["/compute/v1/projects/console-host/global/networks/console"] = {"name": "console"}
     settings.GCE_REACH_CLUSTERS = False  # provisioning only here: nothing in the fake answers on a controller
@@ -733,6 +741,7 @@ def test_only_the_consoles_workers_reach_the_controllers_doors(fake, alpha, alic
     console_net = fake.resources["/compute/v1/projects/console-host/global/networks/console"]
     assert [p["network"] for p in cluster_net["peerings"]] == ["projects/console-host/global/networks/console"]
     assert [p["network"] for p in console_net["peerings"]] == [f"projects/{PROJECT}/global/networks/{prefix}-net"]
+    assert [p["state"] for p in cluster_net["peerings"] + console_net["peerings"]] == ["ACTIVE", "ACTIVE"]
     for step in get_backend("gce").delete_steps(Cluster.objects.get()):
         step.run(None)
     assert (

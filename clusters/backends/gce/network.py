@@ -52,6 +52,15 @@ def create_subnetwork(cloud):
     )
 
 
+def no_route_to_new_vpc():
+    """Why a console that reaches its clusters cannot create one in a VPC of its own without GCE_CONSOLE_NETWORK."""
+    return (
+        "the console's workers would have no route to this cluster's new VPC: set GCE_CONSOLE_NETWORK to their "
+        "network (it is peered with each new VPC), or create the cluster in an existing network the workers "
+        "are in (network.create false), or set GCE_REACH_CLUSTERS=false for a console that only provisions"
+    )
+
+
 def create_console_peering(cloud):
     """Peer the cluster's VPC with the console's (GCE_CONSOLE_NETWORK), both ways, so the console's workers
     have a route to the controller; a peering is made on each side
@@ -173,6 +182,8 @@ def create_firewalls(cloud):
                 "GCE_CONSOLE_RANGES is empty: set it to the addresses the console's workers reach the clusters "
                 "from (their subnet), or GCE_REACH_CLUSTERS=false for a console that only provisions"
             )
+        if cloud.network_block.get("create") and not settings.GCE_CONSOLE_NETWORK:
+            raise PermanentBackendError(no_route_to_new_vpc())
         # The console's workers only (GCE_CONSOLE_RANGES): to the controller's two doors, and the router to
         # the compute nodes' serving replicas on their port range.
         doors = [str(settings.GCE_SLURMRESTD_PORT), str(settings.GCE_AGENT_PORT)]

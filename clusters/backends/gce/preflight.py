@@ -1,11 +1,12 @@
 """Before a gce create: is the Google Cloud project ready for this spec? (`manage.py preflight`)
 
-Three checks, each a Finding(status, check, detail) with status "ok", "fail" or "warn":
+Four checks, each a Finding(status, check, detail) with status "ok", "fail" or "warn":
 - the APIs the spec needs are enabled (Service Usage API, services in state ENABLED);
 - the region's quotas cover what the spec asks for: CPUS for general-purpose machines (the console's
   controller included), and the GPU quota of each accelerator (the region's `..._GPUS` metric naming
   the model, `PREEMPTIBLE_...` for Spot), with what is already in use;
-- each reservation a pool names exists in its zone and has room for the pool's nodes.
+- each reservation a pool names exists in its zone and has room for the pool's nodes;
+- the console's workers will have a route to the controller (a new VPC needs GCE_CONSOLE_NETWORK).
 """
 
 from django.conf import settings
@@ -15,6 +16,7 @@ from ...spec.catalog import machine_type_info
 from ..base import Finding
 from .identity import makes_account
 from .names import gpu_count, owner_and_name
+from .network import no_route_to_new_vpc
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
@@ -26,7 +28,23 @@ def run(clients, gcp_project, spec):
     findings = check_apis(clients, gcp_project, spec)
     findings += check_quotas(clients, gcp_project, spec)
     findings += check_reservations(clients, gcp_project, spec)
+    findings += check_reach(spec)
     return findings
+
+
+def check_reach(spec):
+    """Will the console's workers have a route to the controller? A new VPC is reached through its peering
+    with GCE_CONSOLE_NETWORK; without one, only a network the workers are already in is."""
+    if not settings.GCE_REACH_CLUSTERS:
+        return [Finding("ok", "console reach", "not needed: GCE_REACH_CLUSTERS is off (provisioning only)")]
+    if ((spec.get("console") or {}).get("network") or {}).get("create") and not settings.GCE_CONSOLE_NETWORK:
+        return [Finding("fail", "console reach", no_route_to_new_vpc())]
+    how = (
+        f"peered with {settings.GCE_CONSOLE_NETWORK}"
+        if settings.GCE_CONSOLE_NETWORK
+        else "an existing network the workers are in"
+    )
+    return [Finding("ok", "console reach", how)]
 
 
 def needed_apis(spec):
