@@ -14,6 +14,7 @@ from .operations.tasks import resume_stale_operations, run_operation_task
 __all__ = [
     "prune_history",
     "resume_stale_operations",
+    "rotate_certificates",
     "run_due_scans",
     "run_operation_task",
     "sync_cluster",
@@ -57,3 +58,9 @@ def run_due_scans():
 def prune_history():
     """Drop events, jobs, results, operations and scan folders past their retention (clusters.retention)."""
     return retention.prune()
+
+
+@shared_task(soft_time_limit=300)
+def rotate_certificates():
+    """Start a certificate rotation on each cluster whose controller certificate ends soon (daily)."""
+    return services.certificates.rotate_due()

@@ -9,6 +9,12 @@ connection whose certificate does not chain to it fails its handshake before a r
 key or JWT) is sent. So a process that takes over the agent's port while the agent is down, or an address
 that answers in the controller's place, learns nothing.
 
+Rotation (clusters/services/certificates.py): the certificates last VALID_DAYS, and a cluster's are
+replaced RENEW_DAYS before they end (a daily task), or at once on request (`manage.py rotate_tls`, after
+a suspected leak of the controller's key). A rotation makes a new CA and certificate; the console
+pins the old and new CAs together while the agent switches (a bundle may carry several CA certificates
+after the controller's: `cas_of`), then the new one alone.
+
 The name on the certificate is not checked (`check_hostname` off): the controller's address is known
 only after its VM exists, and a CA that signs exactly one certificate already says which server it is.
 
@@ -22,8 +28,11 @@ import ipaddress
 import re
 import ssl
 
-# The certificates outlive any cluster we expect (rotation: a cluster made again gets new ones).
-VALID_DAYS = 3650
+# How long a controller's certificate (and its CA) is valid, and how long before its end it is replaced:
+# half a year, renewed with two months left, so a console that was down for weeks still finds every
+# cluster's certificate valid and rotates it (the agent must be reached over the current one to switch).
+VALID_DAYS = 180
+RENEW_DAYS = 60
 PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z ]+)-----\r?\n.*?-----END \1-----\r?\n?", re.S)
 
 
@@ -76,12 +85,48 @@ def controller_bundle(name, addresses=("127.0.0.1",)):
     return private + server.public_bytes(serialization.Encoding.PEM) + ca.public_bytes(serialization.Encoding.PEM)
 
 
-def ca_of(bundle):
-    """The CA's certificate (PEM text) in a controller's bundle: its last certificate."""
+def certificates_of(bundle):
+    """The PEM certificates of a bundle (bytes each), in order: the controller's, then its CA's (and, while a
+    rotation switches, the next CA's)."""
     certificates = [m.group(0) for m in PEM_BLOCK.finditer(bundle) if m.group(1) == b"CERTIFICATE"]
     if len(certificates) < 2:
         raise ValueError("not a controller bundle: it needs the controller's certificate and its CA's")
-    return certificates[-1].decode()
+    return certificates
+
+
+def ca_of(bundle):
+    """The CA certificates (PEM text) a controller's bundle says to trust: every certificate after the
+    controller's (one, or two while a rotation switches)."""
+    return "".join(c.decode() for c in certificates_of(bundle)[1:])
+
+
+def trusting(bundle, other):
+    """`bundle` with the CA certificates of the bundle `other` after its own (those it lacks): the console
+    pins both while the controller switches from one to the other."""
+    kept = certificates_of(bundle)
+    extra = [c for c in certificates_of(other)[1:] if c not in kept]
+    return bundle.rstrip(b"\n") + b"\n" + b"".join(extra)
+
+
+def controller_certificate(bundle):
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificate(certificates_of(bundle)[0])
+
+
+def not_after(bundle):
+    """When the controller's certificate in `bundle` ends (an aware datetime)."""
+    return controller_certificate(bundle).not_valid_after_utc
+
+
+def renewed(bundle):
+    """A new bundle (new CA, new key) for the controller of `bundle`: the same name and addresses."""
+    from cryptography import x509
+
+    names = controller_certificate(bundle).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = names.get_values_for_type(x509.DNSName)
+    name = dns[0].removesuffix("-controller") if dns else "cluster"
+    return controller_bundle(name, [str(a) for a in names.get_values_for_type(x509.IPAddress)])
 
 
 @functools.lru_cache(maxsize=512)

@@ -88,6 +88,8 @@ def cluster_detail(request, project, name):
         "operation": cluster.latest_operation(),
         "login_env": services.login_env(cluster),
         "login_command": services.login_command(cluster),
+        "certificate_ends": services.certificates.expires(cluster),
+        "renew_days": services.certificates.RENEW_DAYS,
         "scannable": scannable(cluster),
         "schedule": schedule_context(cluster) if cluster.status != ClusterStatus.DELETED else None,
         "role": access.role_in(request.user, cluster.project),

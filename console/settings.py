@@ -212,6 +212,8 @@ PERIODIC_TASKS = {
     # Periodic health scans per cluster (their schedules are rows, edited on the cluster page / API).
     "run-due-scans": ("clusters.tasks.run_due_scans", 60.0),
     "prune-history": ("clusters.tasks.prune_history", 3600.0),
+    # Controller certificates near their end (clusters/tls.py RENEW_DAYS) are rotated.
+    "rotate-certificates": ("clusters.tasks.rotate_certificates", 86400.0),
 }
 # Inference endpoints (recipes/serving/): one reconcile round for every endpoint (replicas, rolls,
 # autoscaling) every ENDPOINT_RECONCILE_SECONDS; the router (recipes/serving/router.py) writes a sample per

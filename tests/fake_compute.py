@@ -9,7 +9,8 @@ It keeps resources in memory and answers on 127.0.0.1 only:
   its endpoint): create, get, delete of `projects/P/locations/L/instances` with google.longrunning
   operations.
 - Service Networking (`/v1/services/servicenetworking.googleapis.com/connections`): create, list, delete.
-- Secret Manager (`/sm/v1/projects/P/secrets`): create, get, delete, addVersion, list versions, access.
+- Secret Manager (`/sm/v1/projects/P/secrets`): create, get, delete, addVersion, list versions, access,
+  destroy a version (its data gone: accessing it is a 400 FAILED_PRECONDITION).
 - `instances/NAME/setMetadata`, with the fingerprint check Compute makes.
 - `instances/NAME/reset`, `/start` and `/stop` (counted on the instance as `resets` / `starts` / `stops`).
 - With `boot=True`, every instance boots (tests/fake_vms.py): its real startup script runs in a VM of
@@ -894,18 +895,26 @@ class FakeGoogleCloud:
         name = f"{parent}/{match['secret']}"
         if f"sm:{name}" not in self.resources:
             return 404, http_error(404, f"Secret [{name}] not found.", "NOT_FOUND")
-        versions = self.secret_versions[name]
+        versions = self.secret_versions[name]  # payloads; None for a destroyed version (its data is gone)
         if match["verb"] == "addVersion":
             versions.append(body.get("payload", {}))
             return 200, {"name": f"{name}/versions/{len(versions)}", "state": "ENABLED"}
-        if match["verb"] == "access":
-            if not versions:
-                return 404, http_error(404, "no versions", "NOT_FOUND")
-            return 200, {"name": f"{name}/versions/{len(versions)}", "payload": versions[-1]}
+        if match["verb"] in ("access", "destroy"):
+            number = len(versions) if match["version"] in (None, "latest") else int(match["version"])
+            if not 1 <= number <= len(versions):
+                return 404, http_error(404, f"Secret Version [{name}/versions/{number}] not found.", "NOT_FOUND")
+            version = f"{name}/versions/{number}"
+            if versions[number - 1] is None:
+                why = f"Secret Version [{version}] is in DESTROYED state."
+                return 400, rpc_error(400, why, "FAILED_PRECONDITION")
+            if match["verb"] == "destroy":
+                versions[number - 1] = None
+                return 200, {"name": version, "state": "DESTROYED"}
+            return 200, {"name": version, "payload": versions[number - 1]}
         if path.endswith("/versions") and method == "GET":
-            return 200, {
-                "versions": [{"name": f"{name}/versions/{i + 1}", "state": "ENABLED"} for i in range(len(versions))]
-            }
+            states = ["DESTROYED" if v is None else "ENABLED" for v in versions]
+            return 200, {"versions": [{"name": f"{name}/versions/{i + 1}", "state": state}
+                                      for i, state in enumerate(states)]}  # fmt: skip
         if method == "GET":
             return 200, self.resources[f"sm:{name}"]
         if method == "DELETE":

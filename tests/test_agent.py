@@ -189,6 +189,48 @@ def test_the_console_talks_to_its_agent_only_over_tls_pinned_to_the_clusters_own
     assert client.stat("runs")["exists"] in (True, False)  # and the agent is still serving
 
 
+def test_a_rotation_switches_the_running_agent_to_a_new_ca_and_its_old_key_is_gone(tmp_path):
+    """After a suspected leak of the controller's key, the console rotates: the agent takes the new bundle
+    over the old pin and serves it from its next connection, without a restart. A client pinned to the old
+    CA alone (or holding the leaked key's CA: mallory's) is refused; one pinned to both (the console while
+    it switches) and one pinned to the new CA are served; the file a restarted agent reads holds the new key,
+    root's alone. A bundle whose key is not its certificate's is refused, and the current one goes on."""
+    old = tls.controller_bundle("rotate-test")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "agent.key").write_bytes(key := secrets.token_bytes(32))
+    (tmp_path / "tls.pem").write_bytes(old)
+    command = [sys.executable, server.__file__, "--home", str(tmp_path / "home"), "--key-file",
+               str(tmp_path / "agent.key"), "--listen", "127.0.0.1:0", "--port-file", str(tmp_path / "port"),
+               "--tls-bundle", str(tmp_path / "tls.pem")]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    try:
+        wait_until((tmp_path / "port").exists, timeout=20, message="the agent to listen")
+        url = f"https://127.0.0.1:{(tmp_path / 'port').read_text()}"
+
+        def pinned(*bundles):
+            return AgentClient(AgentEndpoint(url, key.hex(), "".join(tls.ca_of(b) for b in bundles)), timeout=5)
+
+        new = tls.renewed(old)
+        assert tls.ca_of(new) != tls.ca_of(old) and tls.not_after(new) >= tls.not_after(old)
+        assert tls.ca_of(tls.trusting(old, new)) == tls.ca_of(old) + tls.ca_of(new)
+        assert pinned(old).tls(new) == {"installed": True}
+        with pytest.raises(TransientBackendError, match="did not sign"):
+            pinned(old).stat(".")
+        assert pinned(old, new).stat(".")["exists"] and pinned(new).stat(".")["exists"]
+        assert (tmp_path / "tls.pem").read_bytes() == new
+        assert (tmp_path / "tls.pem").stat().st_mode & 0o777 == 0o400
+        mismatched = new.split(b"-----END PRIVATE KEY-----\n")[1]  # certificates only ...
+        mismatched = old.split(b"-----BEGIN CERTIFICATE-----")[0] + mismatched  # ... behind the old key
+        with pytest.raises(AgentRefused, match="not a controller bundle") as refused:
+            pinned(new).tls(mismatched)
+        assert refused.value.status == 400
+        assert pinned(new).stat(".")["exists"] and (tmp_path / "tls.pem").read_bytes() == new
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.key", "home", "port", "tls.pem"]
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_an_agent_that_does_not_answer_is_a_transient_error():
     with socket.socket() as held:  # bound, never listening: connections to it are refused while we hold it
         held.bind(("127.0.0.1", 0))

@@ -51,7 +51,7 @@ def backend():
 def keys_of(fake, cluster):
     prefix = names(cluster.project.slug, cluster.name).prefix
     return {
-        kind: base64.b64decode(fake.secret_versions[f"projects/tcc-test/secrets/{prefix}-{kind}-key"][0]["data"])
+        kind: base64.b64decode(fake.secret_versions[f"projects/tcc-test/secrets/{prefix}-{kind}-key"][-1]["data"])
         for kind in ("munge", "jwt", "agent", "tls")
     }
 

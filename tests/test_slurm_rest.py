@@ -222,3 +222,59 @@ def test_a_process_that_takes_the_agents_ports_while_it_is_down_is_sent_no_key(c
         daemons.start_agent(cluster, paths)
     assert services.file_exists(cluster, "runs") in (True, False)
     assert {n.name for n in SlurmRest(backend.slurm_endpoint(cluster)).nodes()} == {"cpu-0", "cpu-1"}
+
+
+def test_a_rotation_gives_the_controller_a_new_ca_while_it_serves_and_keeps_no_old_key(cluster, client, request):
+    """Sam fears the controller's key leaked and rotates it (`manage.py rotate_tls`): the agent and slurmrestd's
+    relay switch to a certificate of a new CA while the cluster runs, the console pins the new CA alone (the
+    old one, which the leaked key would answer to, is refused at the handshake), the old key is kept nowhere
+    (gce: every older version of the secret destroyed), and the cluster page says when the new one ends. The
+    daily task leaves a certificate alone until it is within RENEW_DAYS of its end, then rotates it."""
+    import dataclasses
+    import datetime
+    import io
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from clusters.agent.client import AgentClient
+    from clusters.choices import OperationStatus
+    from clusters.models import Cluster, Operation
+    from clusters.operations import engine
+    from clusters.services import certificates
+
+    backend = backend_of(cluster)
+    old = backend.tls_bundle(cluster)
+    call_command("rotate_tls", f"slab/{cluster.name}", stdout=io.StringIO())
+    operation = Operation.objects.filter(cluster=cluster, kind="ROTATE_TLS").latest("created")
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == OperationStatus.SUCCEEDED, operation.error
+    cluster = Cluster.objects.get(pk=cluster.pk)
+    new = backend.tls_bundle(cluster)
+    assert len(tls.certificates_of(new)) == 2 and tls.ca_of(new) != tls.ca_of(old)  # the new CA alone
+    assert old.split(b"-----END PRIVATE KEY-----")[0] not in new
+    for endpoint, call in ((backend.agent_endpoint(cluster), lambda e: AgentClient(e, timeout=5).stat(".")),
+                           (backend.slurm_endpoint(cluster), lambda e: SlurmRest(e).nodes())):  # fmt: skip
+        with pytest.raises(BackendError, match="certificate the cluster's CA did not sign"):
+            call(dataclasses.replace(endpoint, ca=tls.ca_of(old)))
+        call(endpoint)  # pinned to the new CA
+    assert {n.name for n in SlurmRest(backend.slurm_endpoint(cluster)).nodes()} == {"cpu-0", "cpu-1"}
+    if cluster.backend == "gce":
+        from clusters.backends.gce.names import names
+
+        fake = request.getfixturevalue("booted_cloud")
+        kept = fake.secret_versions[f"projects/tcc-test/secrets/{names('slab', cluster.name).secret('tls')}"]
+        assert [v is None for v in kept] == [True] * (len(kept) - 1) + [False]  # older versions destroyed
+    ends = certificates.expires(cluster)
+    assert ends == tls.not_after(new) and ends - timezone.now() > datetime.timedelta(days=tls.VALID_DAYS - 1)
+    client.force_login(cluster.project.members.get())
+    page = client.get(f"/clusters/slab/{cluster.name}/").content.decode()
+    assert 'id="certificate"' in page and f'valid until <time datetime="{ends.isoformat()}">' in page
+
+    assert certificates.rotate_due() == []  # half a year left
+    later = ends - datetime.timedelta(days=tls.RENEW_DAYS - 1)
+    [started] = certificates.rotate_due(now=later)
+    engine.run(started)
+    assert Operation.objects.get(pk=started).status == OperationStatus.SUCCEEDED
+    assert tls.ca_of(backend.tls_bundle(Cluster.objects.get(pk=cluster.pk))) != tls.ca_of(new)

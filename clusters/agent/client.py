@@ -12,6 +12,7 @@ agent.own("runs/7", "tcc-alice", "tcc-p-lab")     # the run's folder becomes the
 agent.prune("scans", older_than=1767225600)        # entries of the folder older than that go
 agent.account("tcc-alice-3", "tcc-p-lab-1")          # the user's account, in the group owning the home
 agent.slurm("drain", node="cpu-1", reason="...")  # drain, down, resume, reconfigure, hold, release
+agent.tls(bundle)                                  # serve a new TLS key and certificate (a rotation)
 """
 
 import base64
@@ -130,6 +131,10 @@ class AgentClient:
     def leave(self, user, group):
         """The account leaves the project's group and its jobs are cancelled (a member who left)."""
         return self.call("leave", user=user, group=group)
+
+    def tls(self, bundle):
+        """Serve this PEM bundle (bytes: the controller's new key and certificate, its CA's) from now on."""
+        return self.call("tls", bundle=bundle.decode())
 
     def slurm(self, action, **arguments):
         """One of the Slurm actions slurmrestd 0.0.38 lacks, run by the agent beside slurmctld."""

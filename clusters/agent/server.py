@@ -702,7 +702,7 @@ OPERATIONS = {"stat": op_stat, "read": op_read, "tail": op_tail, "list": op_list
               "move": op_move}  # fmt: skip
 
 
-def handler_for(home, key, tensorboard=None):
+def handler_for(home, key, tensorboard=None, certificate=None):
     class Handler(BaseHTTPRequestHandler):
         server_version = "tcc-agent/1"
 
@@ -777,7 +777,7 @@ def handler_for(home, key, tensorboard=None):
         def handle_post(self):
             self.check_key()
             name = self.path.removeprefix("/v1/")
-            if not self.path.startswith("/v1/") or (name not in OPERATIONS and name != "tensorboard"):
+            if not self.path.startswith("/v1/") or (name not in OPERATIONS and name not in ("tensorboard", "tls")):
                 raise Refused(HTTPStatus.NOT_FOUND, "unknown operation")
             try:
                 body = json.loads(self.read_body() or b"{}")
@@ -787,6 +787,8 @@ def handler_for(home, key, tensorboard=None):
                 raise bad("the body must be a JSON object")
             if name == "tensorboard":
                 return op_tensorboard(home, body, tensorboard)
+            if name == "tls":
+                return op_tls(body, certificate)
             return OPERATIONS[name](home, body)
 
     return Handler
@@ -804,22 +806,59 @@ def server_context(bundle):
     return context
 
 
+class Certificate:
+    """The controller's TLS bundle (a root-only file) and the context that serves it. `install` replaces both
+    at once, so a rotation (the console's `tls` call) switches new connections to the new certificate while
+    the ones already open go on; the file is what a restarted agent serves."""
+
+    def __init__(self, path):
+        self.path = path
+        self.context = server_context(path)
+
+    def install(self, pem):
+        partial = f"{self.path}.partial"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(pem)
+        try:
+            context = server_context(partial)  # a key that does not match its certificate fails here
+        except (ssl.SSLError, OSError) as exc:
+            os.unlink(partial)
+            raise bad(f"not a controller bundle (a key, its certificate, the CA's): {exc}") from None
+        os.replace(partial, self.path)
+        self.context = context
+
+
+def op_tls(body, certificate):
+    """{"bundle": PEM}: serve this key and certificate from now on (the file and the live context)."""
+    if certificate is None:
+        raise Refused(HTTPStatus.CONFLICT, "this agent serves no TLS")
+    pem = body.get("bundle")
+    if not isinstance(pem, str) or "PRIVATE KEY-----" not in pem:
+        raise bad("bundle must be the controller's PEM bundle")
+    certificate.install(pem)
+    return {"installed": True}
+
+
 class AgentServer(ThreadingHTTPServer):
     """The agent's HTTP server, over TLS when given a context: each connection's handshake runs in its own
     thread, with a time limit, so a client that stalls holds up no other."""
 
     daemon_threads = True
 
-    def __init__(self, address, handler, context=None):
-        self.context = context
+    def __init__(self, address, handler, certificate=None):
+        self.certificate = certificate
         super().__init__(address, handler)
 
     def get_request(self):
         connection, address = self.socket.accept()
-        if self.context is None:
+        if self.certificate is None:
             return connection, address
         connection.settimeout(HANDSHAKE_SECONDS)
-        return self.context.wrap_socket(connection, server_side=True, do_handshake_on_connect=False), address
+        context = self.certificate.context
+        return context.wrap_socket(connection, server_side=True, do_handshake_on_connect=False), address
 
     def finish_request(self, request, client_address):
         if isinstance(request, ssl.SSLSocket):
@@ -837,9 +876,9 @@ class SlurmrestdRelay:
     22.05 has no TLS, and on its socket (in its own account's 0700 folder) only the relay reaches it. One thread per
     connection reads and writes both sides (an SSL socket is never used by two threads at once)."""
 
-    def __init__(self, listen, target, context):
+    def __init__(self, listen, target, certificate):
         host, _, port = listen.rpartition(":")
-        self.target, self.context = target, context
+        self.target, self.certificate = target, certificate
         self.socket = socket.create_server((host, int(port)), reuse_port=False)
 
     def serve_forever(self):
@@ -850,7 +889,7 @@ class SlurmrestdRelay:
     def relay(self, connection, address):
         connection.settimeout(HANDSHAKE_SECONDS)
         try:
-            client = self.context.wrap_socket(connection, server_side=True)
+            client = self.certificate.context.wrap_socket(connection, server_side=True)
         except (OSError, ssl.SSLError) as exc:
             sys.stderr.write(f"{address[0]} TLS handshake failed (slurmrestd relay): {exc}\n")
             connection.close()
@@ -921,14 +960,15 @@ def main(argv=None):
     host, _, port = args.listen.rpartition(":")
     ACCOUNTS["prefix"] = args.account_prefix
     tensorboard = TensorBoard(args.tensorboard_python, args.tensorboard_socket_dir) if args.tensorboard_python else None
-    context = server_context(args.tls_bundle) if args.tls_bundle else None
+    certificate = Certificate(args.tls_bundle) if args.tls_bundle else None
     if args.slurmrestd_relay:
-        if context is None:
+        if certificate is None:
             parser.error("--slurmrestd-relay needs --tls-bundle")
         listen, _, target = args.slurmrestd_relay.partition("=")
-        relay = SlurmrestdRelay(listen, target, context)
+        relay = SlurmrestdRelay(listen, target, certificate)
         threading.Thread(target=relay.serve_forever, daemon=True).start()
-    server = AgentServer((host, int(port)), handler_for(Home(args.home), key, tensorboard), context)
+    handler = handler_for(Home(args.home), key, tensorboard, certificate)
+    server = AgentServer((host, int(port)), handler, certificate)
     if args.port_file:
         partial = f"{args.port_file}.partial"
         with open(partial, "w") as handle:

@@ -134,6 +134,18 @@ class Backend:
         """The cluster agent's client; PermanentBackendError where there is none yet."""
         return self.client_for(self.agent_endpoint(cluster), AgentClient, "agent")
 
+    def tls_bundle(self, cluster):
+        """The controller's TLS bundle as the console keeps it (bytes: the controller's key and certificate,
+        then the CA certificates the console pins for the cluster; clusters/tls.py), or None where it has none
+        (a backend that reaches no controller)."""
+        return None
+
+    def store_tls(self, cluster, bundle):
+        """Keep `bundle` as the controller's: the CAs the console pins from now on, and what the controller
+        serves after a restart (the running agent is switched by its `tls` call; clusters/services/certificates.py).
+        The bundle it replaces is gone after (its private key with it)."""
+        raise NotImplementedError
+
     def client_for(self, endpoint, client, what):
         if endpoint is None:
             raise PermanentBackendError(f"The console cannot reach this cluster's {what} on {self.label} yet")

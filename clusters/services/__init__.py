@@ -7,9 +7,10 @@ live.py       those rows, read (pages and GET endpoints read only these, never S
 files.py      the cluster's files under its shared home, through the cluster agent
 runtime.py    the console's code the nodes run (health agent, recipes/node/train.py), installed in the home
 members.py    a project's members and roles
+certificates.py  the controller's TLS certificate: its end, its rotation (ROTATE_TLS)
 """
 
-from . import members
+from . import certificates, members
 from .files import (
     download_folder,
     file_exists,
@@ -65,6 +66,7 @@ __all__ = [
     "bake_node_image",
     "call_slurm_rest",
     "cancel_job",
+    "certificates",
     "create_cluster",
     "create_draft",
     "delete_cluster",

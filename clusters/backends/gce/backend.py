@@ -347,6 +347,14 @@ class GceBackend(Backend):
         cloud = Cloud(self, cluster)
         return url and SlurmEndpoint(url, keys.read_key(cloud, "jwt"), keys.cluster_ca(cloud))
 
+    def tls_bundle(self, cluster):
+        if not settings.GCE_REACH_CLUSTERS:
+            return None
+        return keys.read_key(Cloud(self, cluster), "tls")
+
+    def store_tls(self, cluster, bundle):
+        keys.replace_key(Cloud(self, cluster), "tls", bundle)
+
     def agent_endpoint(self, cluster):
         url = self.controller_url(cluster, settings.GCE_AGENT_PORT)
         cloud = Cloud(self, cluster)

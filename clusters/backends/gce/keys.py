@@ -24,8 +24,10 @@ MAKERS = {
     "tls": lambda cloud: tls.controller_bundle(cloud.n.prefix),
 }
 
-# (endpoint, secret name, cluster id) -> bytes: a cluster's keys never change while it exists, and a
-# cluster made again under the same name (new keys) has another id, so no worker keeps an old key.
+# (endpoint, secret name, cluster id, TLS generation) -> bytes: a cluster made again under the same name (new
+# keys) has another id, and the TLS bundle, the one key that changes while a cluster exists (a rotation:
+# replace_key), changes with the generation the rotation records in the cluster's backend_state, so no
+# worker keeps an old one past its next task.
 _cache = {}
 _lock = threading.Lock()
 
@@ -103,7 +105,28 @@ def delete_keys(cloud):
         with contextlib.suppress(exceptions.NotFound):
             cloud.c.secrets.delete_secret(name=name)
         with _lock:
-            _cache.pop((cloud.c.endpoint, name, cloud.cluster.pk), None)
+            for key in [k for k in _cache if k[1] == name]:
+                del _cache[key]
+
+
+def replace_key(cloud, kind, data):
+    """`data` becomes the key's only version: added, then every older version destroyed (a rotated key, the
+    controller's old TLS private key among them, is not readable again)
+    (https://cloud.google.com/secret-manager/docs/destroy-secret-versions)."""
+    from google.api_core import exceptions
+    from google.cloud import secretmanager_v1
+
+    name = secret_name(cloud, kind)
+    try:
+        added = cloud.c.secrets.add_secret_version(parent=name, payload=secretmanager_v1.SecretPayload(data=data))
+        for version in cloud.c.secrets.list_secret_versions(parent=name):
+            if version.name != added.name and version.state != secretmanager_v1.SecretVersion.State.DESTROYED:
+                cloud.c.secrets.destroy_secret_version(name=version.name)
+    except exceptions.GoogleAPICallError as exc:
+        raise map_api_error(exc, f"replacing the {kind} key") from None
+    with _lock:
+        for key in [k for k in _cache if k[1] == name]:
+            del _cache[key]
 
 
 def cluster_ca(cloud):
@@ -114,7 +137,7 @@ def cluster_ca(cloud):
 def read_key(cloud, kind):
     """The key's bytes, read once per console process (Secret Manager's access call)."""
     name = secret_name(cloud, kind)
-    key = (cloud.c.endpoint, name, cloud.cluster.pk)
+    key = (cloud.c.endpoint, name, cloud.cluster.pk, (cloud.cluster.backend_state.get("tls") or {}).get("generation"))
     with _lock:
         if key in _cache:
             return _cache[key]

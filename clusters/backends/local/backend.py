@@ -23,7 +23,7 @@ from ...spec import pool_node_count
 from .. import slurm_waits
 from ..base import AgentEndpoint, Backend, Finding, SlurmEndpoint, Step
 from . import conf, daemons, ports, preflight, remediation
-from .paths import paths_for, prepare
+from .paths import paths_for, prepare, replace_secret
 
 
 def ca_of(paths):
@@ -145,6 +145,13 @@ class LocalBackend(Backend):
         if not port or not paths.jwt_key.exists() or not paths.tls_bundle.exists():
             return None  # not created yet, or made before slurmrestd (or TLS) was added
         return SlurmEndpoint(f"https://127.0.0.1:{port}", paths.jwt_key.read_bytes(), ca_of(paths))
+
+    def tls_bundle(self, cluster):
+        path = paths_for(cluster).tls_bundle
+        return path.read_bytes() if path.exists() else None
+
+    def store_tls(self, cluster, bundle):
+        replace_secret(paths_for(cluster).tls_bundle, bundle)
 
     def agent_endpoint(self, cluster):
         """The cluster agent (TLS) on 127.0.0.1 and its key (a 0600 file in the cluster's folder)."""

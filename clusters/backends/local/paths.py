@@ -1,5 +1,6 @@
 """Where a local cluster lives: one folder per cluster under LOCAL_CLUSTERS_DIR, and its secrets."""
 
+import contextlib
 import grp
 import os
 import pwd
@@ -105,12 +106,18 @@ def paths_for(cluster):
 def write_secret(path, size=None, make=None):
     """A key file (`size` random bytes, or what make() returns), readable by root alone, written once (tmp +
     rename, so never half a key)."""
-    if path.exists():
-        return
+    if not path.exists():
+        replace_secret(path, make() if make else secrets.token_bytes(size))
+
+
+def replace_secret(path, data):
+    """The key file `path` holds `data` from now on (root's alone; tmp + rename, never half a key)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
     with os.fdopen(fd, "wb") as handle:
-        handle.write(make() if make else secrets.token_bytes(size))
+        handle.write(data)
     os.replace(tmp, path)
 
 
