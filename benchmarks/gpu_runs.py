@@ -1,5 +1,6 @@
 """Tiny recipe runs on this machine's GPUs, as the nodes run them (torchrun, one rank per GPU, NCCL):
-a pretraining run in bf16 (tensor parallel 2 x FSDP2 with two or more GPUs) that saves at step 4 and
+a pretraining run in bf16 (tensor parallel 2 x FSDP2 with two or more GPUs, each decoder layer compiled
+with inductor) that saves at step 4 and
 resumes from it to the same final loss, then DPO on every GPU from its checkpoint (accelerate's FSDP2
 over the policy and its reference: the path CPU ranks cannot take), then the model exported and served
 by one replica (recipes/node/serve.py: vLLM when it is installed, else the transformers engine) answering
@@ -106,8 +107,9 @@ def main():
     ranks = gpus - gpus % tensor
     print(f"{gpus} x {torch.cuda.get_device_name(0)}; pretraining on {ranks} rank(s), tensor {tensor}")
     work = Path(tempfile.mkdtemp(prefix="tcc-gpu-runs-"))
-    whole = run(config(work / "pretrain", parallel={"tensor": tensor}), ranks)
-    again = config(work / "resume", parallel={"tensor": tensor})
+    # Each decoder layer compiled with inductor, as the full profiles train on GPUs (launch.resolve_config).
+    whole = run(config(work / "pretrain", parallel={"tensor": tensor, "compile": "inductor"}), ranks)
+    again = config(work / "resume", parallel={"tensor": tensor, "compile": "inductor"})
     shutil.copytree(work / "pretrain" / "checkpoints" / "step-4", again / "checkpoints" / "step-4")
     resumed = run(again, ranks)
     print(f"resume from step 4: final loss {resumed['final_loss']:.6f} (whole run {whole['final_loss']:.6f})")

@@ -47,6 +47,9 @@ def test_it_prints_a_profiles_config_for_the_memory_trace_without_a_cluster(tmp_
     config = json.loads(out.getvalue())
     assert config["model"]["layers"] == 2 and config["model"]["hidden_size"] == 8192
     assert config["output_dir"] == str(tmp_path) and config["parallel"]["tensor"] == 4
+    assert config["parallel"]["compile"] == "inductor"  # GPU runs compile each decoder layer
+    call_command("recipe_config", "llama3.1-70b-pretrain", "--profile", "tiny", stdout=(tiny := io.StringIO()))
+    assert json.loads(tiny.getvalue())["parallel"]["compile"] is None  # CPU runs do not
     assert "--ranks 32" in err.getvalue()
     with pytest.raises(CommandError, match="unknown profile; choose one of: tiny, full"):
         call_command("recipe_config", "llama3.1-8b-sft", "--profile", "huge", stdout=out)

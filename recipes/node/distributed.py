@@ -161,10 +161,11 @@ def init(rank, world, local_rank, tensor, device_type, backend=None, store=None)
     return Layout(rank, world, local_rank, tensor, dp, mesh["dp"].get_local_rank(), mesh, device)
 
 
-def parallelize(model, layout, mixed_precision, activation_checkpointing, strategy="fsdp"):
-    """Tensor parallelism (tensor_parallel), then FSDP2 per layer and on the whole model. With
-    strategy "ddp" (no tensor parallelism) every rank keeps the whole model and DDP averages gradients:
-    the baseline the benchmark compares with."""
+def parallelize(model, layout, mixed_precision, activation_checkpointing, strategy="fsdp", compile=None):
+    """Tensor parallelism (tensor_parallel), then each decoder layer compiled (`compile`: a torch.compile
+    backend, "inductor" on GPUs; None: not compiled), then FSDP2 per layer and on the whole model:
+    torchtitan's order. With strategy "ddp" (no tensor parallelism) every rank keeps the whole model and
+    DDP averages gradients: the baseline the benchmark compares with."""
     import torch
 
     if activation_checkpointing:
@@ -175,6 +176,9 @@ def parallelize(model, layout, mixed_precision, activation_checkpointing, strate
         if activation_checkpointing == "selective":
             kwargs["context_fn"] = selective_context
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    layers = model.model.layers
+    if layout.world == 1 or strategy == "ddp":
+        compile_layers(layers, compile)
     if layout.world == 1:
         return model
     if strategy == "ddp":
@@ -183,9 +187,9 @@ def parallelize(model, layout, mixed_precision, activation_checkpointing, strate
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    layers = model.model.layers
     if layout.tp > 1:
         tensor_parallel(model, layout.mesh["tp"])
+    compile_layers(layers, compile)
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if mixed_precision
@@ -195,6 +199,18 @@ def parallelize(model, layout, mixed_precision, activation_checkpointing, strate
         fully_shard(layer, mesh=layout.mesh["dp"], mp_policy=policy)
     fully_shard(model, mesh=layout.mesh["dp"], mp_policy=policy)
     return model
+
+
+def compile_layers(layers, backend):
+    """Compile each decoder layer on its own, in place (torchtitan's per-block compile: one graph per layer
+    kind, reused by every layer of that kind; the module and its state dict keys stay as they are, so
+    checkpoints and FSDP2 see the same model). Activation checkpointing stays outside the compiled
+    forward, and FSDP2's hooks are not traced (dynamo's skip_fsdp_hooks). fullgraph: a graph break is an
+    error at the first step, not a silent slowdown."""
+    if not backend:
+        return
+    for layer in layers:
+        layer.compile(backend=backend, fullgraph=True)
 
 
 def saved_ops():

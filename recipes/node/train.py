@@ -395,6 +395,7 @@ def train(config):
         mixed_precision=mixed,
         activation_checkpointing=parallel.get("activation_checkpointing", True),
         strategy=strategy,
+        compile=parallel.get("compile"),
     )
     loss_chunk = parallel.get("loss_chunk") if strategy != "ddp" else None
     if loss_chunk:

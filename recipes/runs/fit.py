@@ -45,7 +45,8 @@ from ..catalog import HARDWARE
 GB = 1e9
 # Model FLOPs utilisation to plan with until a GPU run here measures one, after torchtitan's published
 # figures (github.com/pytorch/torchtitan, docs/performance.md): Llama 3.1 8B with FSDP on 8 or 128 H100s in
-# bf16 without Float8, 33% to 39% (the lower end: without torch.compile, as train.py runs); Llama 3.1 405B
+# bf16 without Float8, 33% to 39% (the higher with torch.compile per block, as train.py now compiles on
+# GPUs; we plan with the lower end until a GPU run here measures it); Llama 3.1 405B
 # with FSDP and tensor parallelism on 128 H100s, 29.0%. The expected tokens/s of a launch come from these.
 PLANNING_MFU = {"fsdp": 0.33, "fsdp+tp": 0.29}
 CONTEXT_BYTES = 2 * GB

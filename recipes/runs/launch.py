@@ -417,8 +417,11 @@ def resolve_config(launch, work_dir, runtime):
             "global_batch": launch["global_batch"],
             "activation_checkpointing": launch.get("checkpointing", True),  # validate_launch's choice
             "loss_chunk": profile.get("loss_chunk"),
-            # GPU runs write checkpoints while they train (a 70B's shards take minutes to write).
+            # GPU runs write checkpoints while they train (a 70B's shards take minutes to write), and
+            # compile each decoder layer (torchtitan's per-block torch.compile; a CPU run gains nothing
+            # for the minute it would spend compiling).
             "async_checkpoint": launch["profile_name"] == "full",
+            "compile": "inductor" if launch["profile_name"] == "full" else None,
         },
         "lr": profile.get("lr", 3e-4),
         "steps": launch["steps"],
