@@ -13,7 +13,7 @@ Rotation (clusters/services/certificates.py): the certificates last VALID_DAYS, 
 replaced RENEW_DAYS before they end (a daily task), or at once on request (`manage.py rotate_tls`, after
 a suspected leak of the controller's key). A rotation makes a new CA and certificate; the console
 pins the old and new CAs together while the agent switches (a bundle may carry several CA certificates
-after the controller's: `cas_of`), then the new one alone.
+after the controller's: `ca_of`), then the new one alone.
 
 The name on the certificate is not checked (`check_hostname` off): the controller's address is known
 only after its VM exists, and a CA that signs exactly one certificate already says which server it is.

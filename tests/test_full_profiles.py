@@ -228,6 +228,8 @@ def test_every_full_profile_fits_its_reference_machine_on_the_catalogs_layout(re
     # on an 80 GB H100 (81.1 GB with it); TRL's RL recipes checkpoint whole layers.
     assert (checkpointing == "selective") == (recipe["kind"] != "rl" and recipe_id != "gemma2-2b-pretrain")
     assert ("reference model" in estimate.parts) == recipe_id.endswith("-dpo")
+    # A planned throughput for what the planning MFU measured (torchtitan's pretraining), none for TRL's RL.
+    assert (estimate.tokens_per_s is None) == (recipe["kind"] == "rl")
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma"])  # gemma: the final softcap

@@ -22,7 +22,7 @@ from clusters.slurm.rest import SlurmEndpoint, SlurmRest, mint_token
 from clusters.work import BackendError
 from console.errors import Unavailable
 
-from .conftest import BACKENDS, module_cluster, wait_until
+from .conftest import BACKENDS, api_client_for, module_cluster, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -229,7 +229,8 @@ def test_a_rotation_gives_the_controller_a_new_ca_while_it_serves_and_keeps_no_o
     relay switch to a certificate of a new CA while the cluster runs, the console pins the new CA alone (the
     old one, which the leaked key would answer to, is refused at the handshake), the old key is kept nowhere
     (gce: every older version of the secret destroyed), and the cluster page says when the new one ends. The
-    daily task leaves a certificate alone until it is within RENEW_DAYS of its end, then rotates it."""
+    daily task leaves a certificate alone until it is within RENEW_DAYS of its end, then rotates it. The API
+    says when it ends too."""
     import dataclasses
     import datetime
     import io
@@ -271,6 +272,9 @@ def test_a_rotation_gives_the_controller_a_new_ca_while_it_serves_and_keeps_no_o
     client.force_login(cluster.project.members.get())
     page = client.get(f"/clusters/slab/{cluster.name}/").content.decode()
     assert 'id="certificate"' in page and f'valid until <time datetime="{ends.isoformat()}">' in page
+
+    api = api_client_for(cluster.project.members.get())
+    assert api.get(f"/api/v1/projects/slab/clusters/{cluster.name}/").json()["certificate_expires"] == ends.isoformat()
 
     assert certificates.rotate_due() == []  # half a year left
     later = ends - datetime.timedelta(days=tls.RENEW_DAYS - 1)

@@ -4,6 +4,7 @@ import functools
 
 from rest_framework import serializers
 
+from .. import services
 from ..choices import Role
 from ..models import (
     Cluster,
@@ -67,6 +68,9 @@ class ClusterSerializer(serializers.ModelSerializer):
     project = serializers.CharField(source="project.slug")
     node_pools = NodePoolSerializer(many=True)
     latest_operation = serializers.SerializerMethodField()
+    certificate_expires = serializers.SerializerMethodField(
+        help_text="When the controller's TLS certificate ends (it is rotated 60 days before); null until known."
+    )
 
     class Meta:
         model = Cluster
@@ -81,9 +85,14 @@ class ClusterSerializer(serializers.ModelSerializer):
             "node_pools",
             "spec",
             "latest_operation",
+            "certificate_expires",
             "created",
             "updated",
         ]
+
+    def get_certificate_expires(self, cluster) -> str | None:
+        ends = services.certificates.expires(cluster)
+        return ends.isoformat() if ends else None
 
     def get_latest_operation(self, cluster) -> dict | None:
         # A list reads them all at once (services.with_latest_operations); one cluster asks for its own.

@@ -11,6 +11,7 @@ Pipeline parallelism is not implemented: a recipe's pipeline stages are folded i
 dimension, where FSDP2 shards the model instead (recipes/runs/fit.py counts memory that way).
 """
 
+import contextlib
 import json
 import os
 import random
@@ -550,6 +551,15 @@ def load(source, model, optimizer, layout):
     return meta, train_state, not same
 
 
+@contextlib.contextmanager
+def one_process():
+    """DCP in this process alone, on purpose (an export's load, the RL trainers' rank 0's save), without the
+    warning torch gives each time it does so."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
 def load_weights(source, model):
     """A model's weights only (continued pretraining, SFT, RL from a checkpoint), whatever layout wrote
     it: a DCP checkpoint (resharded), or an older one with the whole model in state.pt. (A Hugging Face
@@ -568,8 +578,7 @@ def load_weights(source, model):
         set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
     else:
         state = {"model": get_model_state_dict(model)}
-        with warnings.catch_warnings():  # an export loads in one process on purpose; torch says so each time
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        with one_process():
             dcp.load(state, checkpoint_id=str(source), no_dist=not dist.is_initialized())
         set_model_state_dict(model, state["model"])
     return json.loads((source / "meta.json").read_text())["step"]
@@ -583,8 +592,7 @@ def save_weights(folder, step, model):
     tmp = folder.parent / f".tmp-{folder.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    with warnings.catch_warnings():  # one process on purpose, as with an export's load
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+    with one_process():
         dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp), no_dist=True)
     (tmp / "meta.json").write_text(json.dumps({"step": step, "position": 0, "world": 1, "tp": 1, "format": "dcp"}))
     os.replace(tmp, folder)

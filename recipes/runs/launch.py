@@ -67,7 +67,7 @@ def layout_of(recipe, profile, nodes, errors):
 def fitting_estimate(recipe, profile, profile_name, *, tensor, data, accelerator):
     """(the memory estimate, the activation checkpointing to train with): GPU pretraining, CPT and SFT keep
     what is dear to recompute (selective checkpointing: less recomputation) where the memory allows it,
-    else recompute whole layers, as tiny and RL runs always do."""
+    else recompute whole layers, as tiny and RL runs always do. RL runs get no expected throughput."""
     modes = ["selective", True] if profile_name == "full" and recipe["kind"] != "rl" else [True]
     for checkpointing in modes:
         estimate = fit.estimate(
@@ -77,6 +77,8 @@ def fitting_estimate(recipe, profile, profile_name, *, tensor, data, accelerator
         )  # fmt: skip
         if estimate.fits:
             break
+    if recipe["kind"] == "rl":  # TRL's trainers (and GRPO's generation) are not what the planning MFU measured
+        estimate.tokens_per_s = estimate.mfu = None
     return estimate, checkpointing
 
 
@@ -129,8 +131,6 @@ def validate_launch(cluster, data, *, stage=True):
         estimate, checkpointing = fitting_estimate(
             recipe, profile, profile_name, tensor=tensor, data=data_ranks, accelerator=shape[2] if shape[1] else ""
         )
-        if recipe["kind"] == "rl":  # TRL's trainers (and GRPO's generation) are not what the planning MFU measured
-            estimate.tokens_per_s = estimate.mfu = None
         if not estimate.fits:
             errors.setdefault("profile", []).append(
                 f"{recipe['name']} on {nodes} node(s) does not fit: it needs {estimate.sentence()}; "
