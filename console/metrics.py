@@ -8,6 +8,7 @@ METRICS_TOKEN_FILE (as the router's /metrics; without the file the path is a 404
     tcc_clusters{status}                              clusters by status
     tcc_cluster_sync_lag_seconds{project, cluster}    since the last sync that reached Slurm
     tcc_cluster_sync_failing{project, cluster}        1 while Slurm does not answer the sync
+    tcc_cluster_certificate_expiry_seconds{project, cluster}  until the controller's TLS certificate ends
     tcc_nodes{project, cluster, state}                nodes by the console's state
     tcc_health_checks{project, cluster, check, status} every node's newest result of each check
     tcc_runs{status}, tcc_endpoints{status}           recipe runs and inference endpoints
@@ -25,6 +26,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from clusters import services
 from clusters.choices import ClusterStatus, OperationStatus
 from clusters.models import Cluster, HealthResult, Node, Operation, SlurmSync
 from recipes.models import Endpoint, EndpointStatus, Run
@@ -64,8 +66,11 @@ class Console:
                     .annotate(n=Count("id")).order_by())  # fmt: skip
         live = Cluster.objects.live().select_related("project")
         syncs = {s.cluster_id: s for s in SlurmSync.objects.filter(cluster__in=live)}
-        lag, failing = [], []
+        lag, failing, certificates = [], [], []
         for cluster in live:
+            ends = services.certificates.expires(cluster)
+            if ends is not None:
+                certificates.append((cluster.project.slug, cluster.name, (ends - now).total_seconds()))
             sync = syncs.get(cluster.pk)
             if sync is None or sync.synced is None:
                 continue
@@ -75,6 +80,8 @@ class Console:
                     ["project", "cluster"], lag)  # fmt: skip
         yield gauge("tcc_cluster_sync_failing", "1 while the cluster's Slurm does not answer the sync",
                     ["project", "cluster"], failing)  # fmt: skip
+        yield gauge("tcc_cluster_certificate_expiry_seconds", "Until the controller's TLS certificate ends",
+                    ["project", "cluster"], certificates)  # fmt: skip
         names = {c.pk: (c.project.slug, c.name) for c in live}
         nodes = Node.objects.filter(cluster__in=live).values_list("cluster_id", "state").annotate(n=Count("id"))
         yield gauge("tcc_nodes", "Nodes by the console's state", ["project", "cluster", "state"],

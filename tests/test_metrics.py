@@ -39,6 +39,8 @@ def test_prometheus_scrapes_the_consoles_figures_with_its_token_only(client, ali
     now = timezone.now()
     Operation.objects.create(cluster=cluster, kind="SCAN", exclusive=False, created=now - timedelta(seconds=120))
     SlurmSync.objects.update_or_create(cluster=cluster, defaults={"synced": now - timedelta(seconds=30)})
+    cluster.backend_state = {**cluster.backend_state, "tls": {"not_after": (now + timedelta(days=40)).isoformat()}}
+    cluster.save(update_fields=["backend_state"])
     scan = Operation.objects.filter(kind="SCAN").first()
     for node, status in (("cpu-0", "pass"), ("cpu-1", "fail")):
         HealthResult.objects.create(operation=scan, cluster=cluster, node=node, check_name="gpu", status=status,
@@ -58,6 +60,8 @@ def test_prometheus_scrapes_the_consoles_figures_with_its_token_only(client, ali
     assert value("tcc_clusters", status=cluster.status) == 1
     assert 29 <= value("tcc_cluster_sync_lag_seconds", project="alpha", cluster="ok") < 300
     assert value("tcc_cluster_sync_failing", project="alpha", cluster="ok") == 0
+    expiry = value("tcc_cluster_certificate_expiry_seconds", project="alpha", cluster="ok")
+    assert 40 * 86400 - 300 < expiry <= 40 * 86400  # seconds until the recorded end
     assert value("tcc_health_checks", project="alpha", cluster="ok", check="gpu", status="fail") == 1
     assert value("tcc_nodes", project="alpha", cluster="ok", state="READY") == 3  # the login node and 2 workers
     assert ("tcc_task_queue_length", (("queue", settings.CELERY_TASK_DEFAULT_QUEUE),)) in figures
