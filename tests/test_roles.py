@@ -209,3 +209,21 @@ def test_the_cluster_page_offers_only_what_the_role_allows(client, alice, victor
     client.force_login(alice)
     page = client.get("/clusters/alpha/demo/").content.decode()
     assert "Delete cluster" in page and ">Resize<" in page and "Launch a recipe" in page
+
+
+def test_only_an_admin_rotates_a_clusters_certificate_and_not_while_it_is_busy(alice_api, olga, charlie_api, demo):
+    """Alice suspects the controller's key leaked and rotates it through the API: 202 with the operation (a
+    worker runs it; tests/test_slurm_rest.py checks what it does). Olga the operator gets 403, charlie 404;
+    a second rotation while the first holds the cluster is a 409; a reason that is not a short string a 400."""
+    rotate = f"{CLUSTERS}demo/certificate/rotate/"
+    assert api_client_for(olga).post(rotate).status_code == 403
+    assert charlie_api.post(rotate).status_code == 404
+    assert alice_api.post(rotate, {"reason": ["no"]}, format="json").json() == {
+        "reason": ["a string of at most 200 characters"]
+    }
+    response = alice_api.post(rotate, {"reason": "key seen in a job log"}, format="json")
+    assert response.status_code == 202 and response.json()["kind"] == "ROTATE_TLS"
+    operation = Operation.objects.get(uuid=response.json()["id"])
+    assert operation.created_by.username == "alice"
+    assert demo.events.filter(message="Rotating the controller's certificate: key seen in a job log").exists()
+    assert alice_api.post(rotate).status_code == 409

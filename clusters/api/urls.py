@@ -20,5 +20,6 @@ urlpatterns = [
     path(CLUSTER + "health/schedule/", views.HealthScheduleDetail.as_view(), name="api-health-schedule"),
     path(CLUSTER + "nodes/<str:node>/", views.NodeDetail.as_view(), name="api-node"),
     path(CLUSTER + "repairs/", views.ClusterRepairs.as_view(), name="api-repairs"),
+    path(CLUSTER + "certificate/rotate/", views.CertificateRotation.as_view(), name="api-certificate-rotate"),
     path("projects/<slug:project>/operations/<uuid:operation>/", views.OperationDetail.as_view(), name="api-operation"),
 ]

@@ -219,6 +219,23 @@ class ClusterScans(APIView):
         return accepted(operation)
 
 
+class CertificateRotation(APIView):
+    """POST starts a rotation of the controller's TLS certificate and CA now (optionally {"reason": "..."}),
+    e.g. after a suspected leak of the controller's key; the console also rotates each certificate 60 days
+    before it ends. Admins only; 409 while another operation holds the cluster."""
+
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    def post(self, request, project, cluster):
+        cluster = access.cluster(request.user, project, cluster, access.UPDATE)
+        reason = request.data.get("reason") if isinstance(request.data, dict) else None
+        if reason is not None and (not isinstance(reason, str) or len(reason) > 200):
+            raise ValidationError({"reason": ["a string of at most 200 characters"]})
+        operation = services.certificates.start_rotation(
+            cluster, reason or f"asked for by {request.user.get_username()}", user=request.user
+        )
+        return accepted(operation)
+
+
 class ScanDetail(APIView):
     @extend_schema(responses=ScanSerializer)
     def get(self, request, project, cluster, scan):
