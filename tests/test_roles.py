@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from clusters.choices import ClusterStatus, Role
 from clusters.models import Cluster, Operation, Project
+from clusters.operations import engine
 from console.models import APIToken
 
 from .conftest import api_client_for, example_spec, provisioned
@@ -227,3 +228,8 @@ def test_only_an_admin_rotates_a_clusters_certificate_and_not_while_it_is_busy(a
     assert operation.created_by.username == "alice"
     assert demo.events.filter(message="Rotating the controller's certificate: key seen in a job log").exists()
     assert alice_api.post(rotate).status_code == 409
+    # This cluster's test backend reaches no controller: the rotation fails at once, saying so, not retried.
+    engine.run(operation.pk)
+    operation.refresh_from_db()
+    assert operation.status == "FAILED" and operation.attempts == 1
+    assert "there is no controller certificate to rotate" in operation.error

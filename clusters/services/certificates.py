@@ -28,7 +28,7 @@ from .. import operations, tls
 from ..backends import get_backend
 from ..choices import ClusterStatus
 from ..models import Cluster
-from ..work import Step, TransientBackendError
+from ..work import PermanentBackendError, Step
 
 log = logging.getLogger(__name__)
 ROTATE_TLS = "ROTATE_TLS"
@@ -59,7 +59,10 @@ def rotate(ctx):
     cluster, backend = ctx.cluster, ctx.backend
     kept = backend.tls_bundle(cluster)
     if kept is None:
-        raise TransientBackendError("the cluster has no TLS bundle yet (its controller is not made)")
+        raise PermanentBackendError(
+            "there is no controller certificate to rotate: the console does not reach this cluster's controller "
+            f"on {backend.label} (or the cluster was made before the console used TLS)"
+        )
     generation = (cluster.backend_state.get("tls") or {}).get("generation", 0)
     new = tls.renewed(kept)
     backend.store_tls(cluster, tls.trusting(kept, new))
