@@ -360,7 +360,7 @@ class FakeGoogleCloud:
         match = COMPUTE.match(path)
         changed = method != "GET" and status < 300
         if changed and match["rest"].startswith("networks"):
-            self._peering_states()  # a deleted network's peers' peerings go INACTIVE
+            self._peering_states()  # a peering added or removed, or a deleted network's peers' (INACTIVE)
         if changed and self.vpc is not None and match["rest"].startswith(("firewalls", "networks")):
             self._refresh_firewalls()  # what the console reaches: the rules, and the routes (peerings)
         return status, payload
@@ -404,7 +404,6 @@ class FakeGoogleCloud:
                 peerings.append({**peering, "state": "INACTIVE"})
             else:
                 self.resources[key]["peerings"] = [p for p in peerings if p.get("name") != body.get("name")]
-            self._peering_states()
             return 200, self._operation(scope_url, self.endpoint + key, rest[2])
         if collection == "instances" and len(rest) == 3 and rest[2] in ("reset", "start", "stop") and method == "POST":
             key = f"{collection_path}/{rest[1]}"

@@ -16,7 +16,7 @@ another worker began with the old pin while the agent switched fails its handsha
 
     start_rotation(cluster, reason, user=None)   the operation (409 when the cluster is busy)
     rotate_due()                                  the daily task: start one for each certificate near its end
-    record_expiry(cluster)                        read the certificate's end into backend_state["tls"]
+    record_expiry(cluster), known_expiry(cluster) the certificate's end into backend_state["tls"]
 """
 
 import datetime
@@ -35,17 +35,28 @@ ROTATE_TLS = "ROTATE_TLS"
 RENEW_DAYS = tls.RENEW_DAYS  # a certificate is rotated when it has fewer days left than this
 
 
-def record_expiry(cluster, backend=None, **more):
+def record_expiry(cluster, backend=None, bundle=None, **more):
     """Note when the controller's certificate ends (backend_state["tls"]["not_after"], ISO 8601) for the
-    cluster page and rotate_due(); `more` (a new generation) is kept beside it. None where there is no bundle."""
+    cluster page and rotate_due(), from `bundle` or else the one the backend keeps; `more` (a new generation)
+    is kept beside it. None where there is no bundle."""
     backend = backend or get_backend(cluster.backend)
-    bundle = backend.tls_bundle(cluster)
+    bundle = bundle or backend.tls_bundle(cluster)
     if bundle is None:
         return None
     ends = tls.not_after(bundle)
     state = {**(cluster.backend_state.get("tls") or {}), "not_after": ends.isoformat(), **more}
     backend.save_state(cluster, tls=state)
     return ends
+
+
+def known_expiry(cluster, backend=None):
+    """expires(), or the end read from the cluster's bundle and recorded the first time; None (logged) when it
+    cannot be read: one cluster's unreadable bundle stops neither a create nor the daily round."""
+    try:
+        return expires(cluster) or record_expiry(cluster, backend)
+    except Exception as exc:
+        log.warning("cluster %s: its certificate's end could not be read: %s", cluster, exc)
+        return None
 
 
 def expires(cluster):
@@ -66,11 +77,11 @@ def rotate(ctx):
     generation = (cluster.backend_state.get("tls") or {}).get("generation", 0)
     new = tls.renewed(kept)
     backend.store_tls(cluster, tls.trusting(kept, new))
-    record_expiry(cluster, backend, generation=generation + 1)
+    record_expiry(cluster, backend, kept, generation=generation + 1)
     ctx.heartbeat("the agent switches to the new certificate")
     backend.agent(cluster).tls(new)
     backend.store_tls(cluster, new)
-    record_expiry(cluster, backend, generation=generation + 2, rotated=timezone.now().isoformat())
+    record_expiry(cluster, backend, new, generation=generation + 2, rotated=timezone.now().isoformat())
     backend.agent(cluster).stat(".")  # pinned to the new CA alone now
     backend.slurm(cluster).ping()  # and slurmrestd's relay serves the new certificate too
 
@@ -87,15 +98,8 @@ operations.register(
 )
 
 
-def note_expiry(ctx):
-    """After a create: the new certificate's end, for its page (the daily task reads it otherwise)."""
-    try:
-        record_expiry(ctx.cluster, ctx.backend)
-    except Exception as exc:
-        log.warning("cluster %s: its certificate's end could not be read: %s", ctx.cluster, exc)
-
-
-operations.extend("CREATE", operations.Extension(after_success=note_expiry))
+# A new cluster's certificate end is on its page from the start (else the daily round reads it).
+operations.extend("CREATE", operations.Extension(after_success=lambda ctx: known_expiry(ctx.cluster, ctx.backend)))
 
 
 def start_rotation(cluster, reason, user=None):
@@ -110,11 +114,7 @@ def rotate_due(now=None):
     now = now or timezone.now()
     started = []
     for cluster in Cluster.objects.filter(status__in=ClusterStatus.usable()).select_related("project"):
-        try:
-            ends = expires(cluster) or record_expiry(cluster)
-        except Exception as exc:
-            log.warning("cluster %s: its certificate's end could not be read: %s", cluster, exc)
-            continue
+        ends = known_expiry(cluster)
         if ends is None or ends - now > datetime.timedelta(days=RENEW_DAYS):
             continue
         try:

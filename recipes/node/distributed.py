@@ -177,20 +177,18 @@ def parallelize(model, layout, mixed_precision, activation_checkpointing, strate
         if activation_checkpointing == "selective":
             kwargs["context_fn"] = selective_context
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    if strategy == "ddp" and layout.tp > 1:
+        raise SystemExit("DDP keeps the whole model on every rank: it takes no tensor parallelism")
     layers = model.model.layers
-    if layout.world == 1 or strategy == "ddp":
-        compile_layers(layers, compile)
+    if layout.world > 1 and layout.tp > 1:
+        tensor_parallel(model, layout.mesh["tp"])
+    compile_layers(layers, compile)
     if layout.world == 1:
         return model
     if strategy == "ddp":
-        if layout.tp > 1:
-            raise SystemExit("DDP keeps the whole model on every rank: it takes no tensor parallelism")
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if layout.tp > 1:
-        tensor_parallel(model, layout.mesh["tp"])
-    compile_layers(layers, compile)
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if mixed_precision

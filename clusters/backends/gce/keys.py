@@ -104,9 +104,7 @@ def delete_keys(cloud):
             continue
         with contextlib.suppress(exceptions.NotFound):
             cloud.c.secrets.delete_secret(name=name)
-        with _lock:
-            for key in [k for k in _cache if k[1] == name]:
-                del _cache[key]
+        forget(name)
 
 
 def replace_key(cloud, kind, data):
@@ -124,6 +122,11 @@ def replace_key(cloud, kind, data):
                 cloud.c.secrets.destroy_secret_version(name=version.name)
     except exceptions.GoogleAPICallError as exc:
         raise map_api_error(exc, f"replacing the {kind} key") from None
+    forget(name)
+
+
+def forget(name):
+    """Drop every cached copy of the secret `name` in this process (whatever cluster or generation)."""
     with _lock:
         for key in [k for k in _cache if k[1] == name]:
             del _cache[key]
