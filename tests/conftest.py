@@ -433,13 +433,15 @@ def remove_accounts(prefix):
 
 
 def wait_until(predicate, timeout=60, interval=0.2, message="condition"):
+    """The predicate's first true value within `timeout` seconds; `message` (or a callable making it
+    when the wait fails, to say what was seen) names what was waited for."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {message}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {message() if callable(message) else message}")
 
 
 def synced(cluster, timeout=30):

@@ -19,6 +19,7 @@ import pytest
 from django.conf import settings
 
 from clusters import processes
+from clusters.models import Operation
 from console.errors import FieldErrors
 from recipes import registry
 from recipes.models import Endpoint, EndpointStatus, Replica, ReplicaState
@@ -98,6 +99,18 @@ class Client(threading.Thread):
         return self.answers
 
 
+def timeline(endpoint):
+    """The endpoint's events, replicas and its cluster's operations with their times, for a failure's message."""
+    lines = [f"{e.time:%H:%M:%S.%f} {e.message}" for e in Endpoint.objects.get(pk=endpoint.pk).events.order_by("time")]
+    lines += [f"replica {r.pk} {r.version_ref} {r.state} created {r.created:%H:%M:%S} ready {r.ready_at} "
+              f"draining {r.draining_at} stopped {r.stopped_at} {r.error}"
+              for r in endpoint.replicas.all()]  # fmt: skip
+    lines += [f"operation {o.kind} {o.status} created {o.created:%H:%M:%S} started {o.started} "
+              f"finished {o.finished} {o.error}"
+              for o in Operation.objects.filter(cluster=endpoint.cluster).order_by("created")]  # fmt: skip
+    return "\n".join(lines)
+
+
 def events(endpoint):
     return [e.message for e in Endpoint.objects.get(pk=endpoint.pk).events.all()]
 
@@ -106,7 +119,6 @@ def test_an_endpoint_serves_an_alias_rolls_when_it_moves_and_scales_with_load(
     serving_worker, router, slurm, mlflow_server, alpha, alice, alice_api, charlie, charlies_project, client, tmp_path
 ):
     from clusters.choices import OperationStatus
-    from clusters.models import Operation
 
     created = alice_api.post("/api/v1/projects/alpha/clusters/", {"cluster_id": "serve", "spec": example_spec(cpu=2)},
                              format="json")  # fmt: skip
@@ -170,7 +182,8 @@ def test_an_endpoint_serves_an_alias_rolls_when_it_moves_and_scales_with_load(
                              format="json").status_code == 200  # fmt: skip
         wait_until(lambda: not Replica.objects.filter(endpoint=endpoint, version=v1,
                    state__in=ReplicaState.running()).exists(), timeout=180, interval=1,
-                   message="the v1 replica to stop")  # fmt: skip
+                   message=lambda: f"the v1 replica to stop: {timeline(endpoint)}")  # fmt: skip
+        print(timeline(endpoint))  # shown when a later step fails
         after = len(caller.answers)
         wait_until(lambda: len(caller.answers) >= after + 5, timeout=30, message="answers after the roll")
         answers = caller.stop()
