@@ -436,6 +436,14 @@ GCE_REACH_CLUSTERS = envbool("GCE_REACH_CLUSTERS", "True")
 # set, is peered with each VPC the console creates so the workers have a route to it (docs/gce.md).
 GCE_CONSOLE_RANGES = [r for r in env("GCE_CONSOLE_RANGES", "").split(",") if r]
 GCE_CONSOLE_NETWORK = env("GCE_CONSOLE_NETWORK")
+# How the console reaches a controller: "internal" (its internal address, from the VPC or a peered one:
+# the console runs in Google Cloud), or "external" for a console outside Google Cloud: the controller
+# gets an external address and the firewall admits GCE_CONSOLE_RANGES (the console's public egress
+# addresses) to slurmrestd and the agent only, both on TLS with the cluster's own CA (docs/gce.md).
+# External reach serves no endpoints: the router cannot reach the compute nodes' replicas.
+GCE_CONTROLLER_ACCESS = env("GCE_CONTROLLER_ACCESS", "internal")
+if GCE_CONTROLLER_ACCESS not in ("internal", "external"):
+    raise ImproperlyConfigured(f"GCE_CONTROLLER_ACCESS must be internal or external, not {GCE_CONTROLLER_ACCESS!r}")
 GCE_SLURMRESTD_PORT = envint("GCE_SLURMRESTD_PORT", 6820)
 GCE_AGENT_PORT = envint("GCE_AGENT_PORT", 6821)
 # The Python on a gce cluster's nodes that runs health checks (numpy) and recipes (torch, transformers,

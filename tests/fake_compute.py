@@ -585,6 +585,18 @@ class FakeGoogleCloud:
             address = f"10.128.{self.counter // 250 % 250}.{self.counter % 250 + 2}"
         interfaces[0] = {**interfaces[0], "networkIP": address}
         self.addresses[address] = key
+        # An ephemeral external address per access config (the API fills in natIP, type ONE_TO_ONE_NAT and
+        # the PREMIUM tier: https://cloud.google.com/compute/docs/reference/rest/v1/instances): from the VPC's
+        # range when VMs boot (the console reaches it on the bridge; the VM's NAT maps it to the internal one
+        # as Google's 1:1 NAT does), else from a public-looking range.
+        for config in interfaces[0].get("accessConfigs") or []:
+            if self.vpc is not None:
+                config["natIP"] = self.vpc.external_address()
+            else:
+                self.counter += 1
+                config["natIP"] = f"34.118.{self.counter // 250 % 250}.{self.counter % 250 + 2}"
+            config.setdefault("type", "ONE_TO_ONE_NAT")
+            config.setdefault("networkTier", "PREMIUM")
 
     def _boot(self, key):
         if self.vpc is None:
@@ -592,13 +604,14 @@ class FakeGoogleCloud:
         instance = self.resources[key]
         script = metadata_items(instance).get("startup-script", "")
         address = instance["networkInterfaces"][0]["networkIP"]
-        self._vm_change("boot", instance["name"], address, self.metadata_host, script)
-        self._vm_change("firewall", instance["name"], self._console_ports(instance))
+        external = next((c["natIP"] for c in instance["networkInterfaces"][0].get("accessConfigs") or []), None)
+        self._vm_change("boot", instance["name"], address, self.metadata_host, script, external)
+        self._vm_change("firewall", instance["name"], *self._console_ports(instance))
 
     def _refresh_firewalls(self):
         """Every VM's admitted ports again, after a firewall rule came or went."""
         for key in self.instances():
-            self._vm_change("firewall", key.rsplit("/", 1)[1], self._console_ports(self.resources[key]))
+            self._vm_change("firewall", key.rsplit("/", 1)[1], *self._console_ports(self.resources[key]))
 
     def _peering_states(self):
         """Each peering ACTIVE when the network it names has one back, else INACTIVE: "the peering becomes
@@ -622,14 +635,19 @@ class FakeGoogleCloud:
                    for p in peerings)  # fmt: skip
 
     def _console_ports(self, instance):
-        """The TCP port ranges of `instance` that the console (the VPC's gateway) may connect to: none
-        without a route (_routed: peering), else those the ingress allow rules of its network admit from a
-        source range holding the gateway's address, for its tags (a rule without target tags applies to
-        every instance of the network). Deny rules and priorities are not modelled: the console makes allow
-        rules only."""
-        network = network_id(instance["networkInterfaces"][0].get("network", ""))
+        """(ports, external): the TCP port ranges of `instance` that the console (the VPC's gateway) may
+        connect to, and the one address it may connect to them at (None: any of the instance's). Those the
+        ingress allow rules of its network admit from a source range holding the gateway's address, for
+        its tags (a rule without target tags applies to every instance of the network); with no route to
+        its network (_routed: peering) only at its external address, if it has one, else none. Deny rules
+        and priorities are not modelled: the console makes allow rules only."""
+        nic = instance["networkInterfaces"][0]
+        network = network_id(nic.get("network", ""))
+        external = None
         if not self._routed(network):
-            return []
+            external = next((c["natIP"] for c in nic.get("accessConfigs") or [] if c.get("natIP")), None)
+            if external is None:
+                return [], None
         tags = set((instance.get("tags") or {}).get("items", []))
         gateway = ipaddress.ip_address(self.vpc.gateway)
         ports = []
@@ -648,7 +666,7 @@ class FakeGoogleCloud:
                 for port in allowed.get("ports") or ["1-65535"]:
                     low, _, high = port.partition("-")
                     ports.append((int(low), int(high or low)))
-        return sorted(ports)
+        return sorted(ports), external
 
     def metadata(self, path, query, client, flavor):
         """The metadata server, as the VM at address `client` sees it: (status, text, etag)."""

@@ -204,6 +204,20 @@ def a_vms_service_account_exists(request):
     return None
 
 
+@rule("https://cloud.google.com/compute/docs/reference/rest/v1/instances", *INSTANCE_REQUESTS)
+def one_one_to_one_nat_access_config_per_interface(request):
+    """networkInterfaces[].accessConfigs: 'Currently, only one access config, ONE_TO_ONE_NAT, is supported.'"""
+    for i, nic in enumerate(request.properties.get("networkInterfaces") or []):
+        configs = nic.get("accessConfigs") or []
+        path = f"{request.at}.networkInterfaces[{i}].accessConfigs"
+        if len(configs) > 1:
+            return refuse(request, path, len(configs), "Only one access config is supported per network interface.")
+        for j, config in enumerate(configs):
+            if config.get("type", "ONE_TO_ONE_NAT") != "ONE_TO_ONE_NAT":
+                return refuse(request, f"{path}[{j}].type", config["type"], "Only ONE_TO_ONE_NAT is supported.")
+    return None
+
+
 @rule("https://cloud.google.com/compute/docs/instances/live-migration-process#limitations", *INSTANCE_REQUESTS)
 def gpu_machines_terminate_on_host_maintenance(request):
     properties = request.properties

@@ -93,6 +93,7 @@ class VPC:
         self.vms = {}
         self.made = 0  # VMs made so far: each one's netns and veth names
         self.next_host = 2
+        self.next_external = 254
         self.lock = threading.RLock()
         self.hosts = self.root / "hosts"
         self.shares = self.root / "shares"
@@ -113,9 +114,19 @@ class VPC:
                 return f"10.251.{third}"
         raise RuntimeError("no free 10.251.x.0/24 subnet for the fake VPC")
 
+    def external_address(self):
+        """An external address for an access config: from the top of the VPC's range (internal ones come
+        from the bottom), so the console reaches it on the bridge."""
+        with self.lock:
+            if self.next_external < self.next_host:
+                raise RuntimeError("the fake VPC has no address left")
+            address = f"{self.subnet}.{self.next_external}"
+            self.next_external -= 1
+            return address
+
     def address(self):
         with self.lock:
-            if self.next_host > 254:
+            if self.next_host > self.next_external:
                 raise RuntimeError("the fake VPC has no address left")
             address = f"{self.subnet}.{self.next_host}"
             self.next_host += 1
@@ -138,21 +149,23 @@ class VPC:
             handle.write(text + "#" * max(0, old - len(text) - 1) + ("\n" if old > len(text) else ""))
             handle.truncate()
 
-    def boot(self, name, address, metadata_host, script):
+    def boot(self, name, address, metadata_host, script, external=None):
         with self.lock:
             vm = self.vms.get(name)
             if vm is None:
                 self.made += 1
-                vm = self.vms[name] = VM(self, name, address, self.made)
+                vm = self.vms[name] = VM(self, name, address, self.made, external)
                 self.write_hosts()
             vm.boot(metadata_host, script)
             return vm
 
-    def firewall(self, name, ports):
+    def firewall(self, name, ports, external=None):
         """Admit the console's new TCP connections (from the gateway: this machine) to the VM at `ports`
         ([(low, high)]) and drop every other, as Google's implied deny-ingress rule does to what no firewall
-        rule allows (https://cloud.google.com/firewall/docs/firewalls#default_firewall_rules). Only
-        connection starts are judged (--syn): answers to the VM's own requests (the metadata server's) pass."""
+        rule allows (https://cloud.google.com/firewall/docs/firewalls#default_firewall_rules); with
+        `external` (the VM's external address, when the console has no route to its network) only the
+        connections made to that address. Only connection starts are judged (--syn): answers to the VM's
+        own requests (the metadata server's) pass."""
         with self.lock:
             vm = self.vms.get(name)
             if vm is None:
@@ -163,6 +176,9 @@ class VPC:
             jump = ["INPUT", "-s", self.gateway, "-p", "tcp", "--syn", "-j", "TCC-FIREWALL"]
             if subprocess.run([*ns, "-C", *jump], capture_output=True).returncode != 0:
                 subprocess.run([*ns, "-I", *jump], check=True, capture_output=True)
+            if external:  # the NAT below made it the internal address: judge where the connection was made to
+                subprocess.run([*ns, "-A", "TCC-FIREWALL", "-m", "conntrack", "!", "--ctorigdst", external, "-j",
+                                "DROP"], check=True, capture_output=True)  # fmt: skip
             for low, high in ports:
                 subprocess.run([*ns, "-A", "TCC-FIREWALL", "-p", "tcp", "--dport", f"{low}:{high}", "-j", "ACCEPT"],
                                check=True, capture_output=True)  # fmt: skip
@@ -213,7 +229,7 @@ def reap_stale():
 
 
 class VM:
-    def __init__(self, vpc, name, address, number):
+    def __init__(self, vpc, name, address, number, external=None):
         self.vpc, self.name, self.address = vpc, name, address
         self.folder = vpc.root / "vms" / name
         self.serial = self.folder / "serial.log"
@@ -227,6 +243,13 @@ class VM:
         ip("-n", self.netns, "link", "set", "eth0", "up")
         ip("-n", self.netns, "link", "set", "lo", "up")
         ip("-n", self.netns, "route", "add", "default", "via", vpc.gateway)
+        if external:
+            # Google's one-to-one NAT: the VM never holds its external address, connections to it arrive at
+            # its internal one. Here the NIC answers for it and rewrites it to the internal address.
+            ip("-n", self.netns, "addr", "add", f"{external}/32", "dev", "eth0")
+            nat = ["ip", "netns", "exec", self.netns, "iptables", "-t", "nat"]
+            subprocess.run([*nat, "-A", "PREROUTING", "-d", external, "-j", "DNAT", "--to-destination", address],
+                           check=True, capture_output=True)  # fmt: skip
 
     def disk(self):
         """The VM's own folders (its boot disk), made on first boot and kept across resets."""

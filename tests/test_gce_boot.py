@@ -358,6 +358,39 @@ def test_a_compute_node_whose_startup_fails_fails_the_create_at_once_naming_it(f
     run(services.delete_cluster(cluster=Cluster.objects.get(pk=operation.cluster_id)))
 
 
+def test_a_console_outside_google_cloud_runs_a_cluster_through_the_controllers_external_address(
+    fake, alpha, alice, slurm, settings
+):
+    """GCE_CONTROLLER_ACCESS=external with no console network: before, the create was refused (no route to
+    a new VPC). The controller gets an external address (the fake's one-to-one NAT), the console keeps it
+    and runs the whole create through it (slurmrestd and the agent, on the cluster's CA); the internal
+    address stays out of its reach, as there is no peering."""
+    import dataclasses
+
+    settings.GCE_CONTROLLER_ACCESS = "external"
+    settings.GCE_CONSOLE_NETWORK = ""
+    alpha.gcp_project_id = "tcc-test"
+    alpha.save()
+    spec = gce_spec(cpu=1)
+    spec["display_name"] = "outside"
+    cluster = run(services.create_cluster(project=alpha, name="outside", spec=spec, user=alice))
+    try:
+        assert cluster.status == ClusterStatus.READY
+        prefix = names("alpha", "outside").prefix
+        controller = fake.resources[f"/compute/v1/projects/tcc-test/zones/us-central1-a/instances/{prefix}-ctl"]
+        nic = controller["networkInterfaces"][0]
+        [config] = nic["accessConfigs"]
+        assert cluster.backend_state["controller_ip"] == config["natIP"] != nic["networkIP"]
+        assert not fake.resources[f"/compute/v1/projects/tcc-test/global/networks/{prefix}-net"].get("peerings")
+        endpoint = backend().agent_endpoint(cluster)
+        assert AgentClient(endpoint, timeout=10).stat(".")["exists"]
+        inside = dataclasses.replace(endpoint, url=f"https://{nic['networkIP']}:{settings.GCE_AGENT_PORT}")
+        with pytest.raises(TransientBackendError, match="not answering"):
+            AgentClient(inside, timeout=3).stat(".")
+    finally:
+        run(services.delete_cluster(cluster=Cluster.objects.get(name="outside")))
+
+
 def test_deleting_the_cluster_leaves_no_vm_resource_or_key(cluster, fake):
     """The module's last test: it deletes the module's cluster."""
     prefix = names("glab", "train").prefix

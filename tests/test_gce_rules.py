@@ -75,6 +75,12 @@ def bulk_insert(fake, count, names_count=None, min_count=None):
     )
 
 
+def with_access_configs(*configs):
+    body = instance()
+    body["network_interfaces"] = [{**body["network_interfaces"][0], "access_configs": list(configs)}]
+    return body
+
+
 def with_metadata(size):
     body = instance()
     body["metadata"] = {"items": [{"key": "slurm-conf", "value": "x" * size}]}
@@ -229,6 +235,10 @@ CASES = [
          lambda f: insert_instance(f, placed("a3-highgpu-8g", "pd-ssd")),
          "Compact placement policies are not supported for machine type a4-highgpu-8g.",
          setup=setup_compact_policy),
+    Case("one_one_to_one_nat_access_config_per_interface",
+         lambda f: insert_instance(f, with_access_configs({"name": "a"}, {"name": "b"})),
+         lambda f: insert_instance(f, with_access_configs({"name": "External NAT", "type_": "ONE_TO_ONE_NAT"})),
+         "Invalid value for field 'resource.networkInterfaces[0].accessConfigs': '2'. Only one access config"),
     Case("metadata_fits_its_limits", lambda f: insert_instance(f, with_metadata(300 * 1024)),
          lambda f: insert_instance(f, with_metadata(200 * 1024)), "exceeds the limit of 262144 bytes"),
     Case("bulk_insert_stays_within_its_count", lambda f: bulk_insert(f, 5001, names_count=1),
@@ -748,6 +758,56 @@ def test_only_the_consoles_workers_reach_the_controllers_doors(fake, alpha, alic
         console_net["peerings"] == []
         and f"/compute/v1/projects/{PROJECT}/global/firewalls/{prefix}-console" not in fake.resources
     )
+
+
+def test_a_console_outside_google_cloud_reaches_the_controller_at_its_external_address_only(
+    fake, alpha, alice, alice_api, settings
+):
+    """GCE_CONTROLLER_ACCESS=external: a new VPC needs no console network to peer with; the controller gets
+    an external address (one ONE_TO_ONE_NAT access config; compute nodes none), the console keeps it, only the
+    console's ranges are admitted to the controller's two doors, and nothing admits the router to the compute
+    nodes: an endpoint on the cluster is refused saying why."""
+    settings.GCE_CONTROLLER_ACCESS = "external"
+    settings.GCE_CONSOLE_RANGES = ["203.0.113.0/28"]  # the console's public egress addresses
+    settings.GCE_CONSOLE_NETWORK = ""
+    settings.GCE_REACH_CLUSTERS = True
+    checks = {f.check: f for f in services.preflight(project=alpha, spec=gce_spec(nodes=2))}
+    assert checks["console reach"].status == "ok" and "external address" in checks["console reach"].detail
+    settings.GCE_REACH_CLUSTERS = False  # provisioning only here: nothing in the fake answers on a controller
+    operation = create(alpha, alice, gce_spec(nodes=2))
+    settings.GCE_REACH_CLUSTERS = True
+    steps = [s for s in get_backend("gce").apply_steps(operation.cluster) if "Wait" not in s.name]
+    for step in [s for s in steps if not s.name.startswith(("Reconfigure", "Hold", "Peer"))]:
+        step.run(None)
+    assert not any(s.name.startswith("Peer") for s in steps)
+    prefix = names("alpha", "ultra").prefix
+    instances = fake.instances()
+    controller = instances[f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances/{prefix}-ctl"]
+    [config] = controller["networkInterfaces"][0]["accessConfigs"]
+    assert config["type"] == "ONE_TO_ONE_NAT" and config["natIP"].startswith("34.118.")
+    compute = [i for i in instances.values() if i["labels"]["tcc-role"] == "compute"]
+    assert compute and not any(i["networkInterfaces"][0].get("accessConfigs") for i in compute)
+    template = template_of(fake, prefix)
+    assert not template["properties"]["networkInterfaces"][0].get("accessConfigs")
+    firewalls = {key.rsplit("/", 1)[1]: rule for key, rule in fake.resources.items() if "/firewalls/" in key}
+    assert firewalls[f"{prefix}-console"]["sourceRanges"] == ["203.0.113.0/28"]
+    assert firewalls[f"{prefix}-console"]["targetTags"] == [f"{prefix}-controller"]
+    assert f"{prefix}-serving" not in firewalls
+
+    from clusters.backends.gce.instances import controller_address
+
+    found = client(fake, compute_v1.InstancesClient).get(project=PROJECT, zone=ZONE, instance=f"{prefix}-ctl")
+    assert controller_address(found) == config["natIP"]
+    settings.GCE_CONTROLLER_ACCESS = "internal"
+    assert controller_address(found) == controller["networkInterfaces"][0]["networkIP"]
+    settings.GCE_CONTROLLER_ACCESS = "external"
+
+    cluster = Cluster.objects.get()
+    Cluster.objects.filter(pk=cluster.pk).update(status="READY")
+    response = alice_api.post("/api/v1/projects/alpha/endpoints/", {"name": "chat", "cluster": "ultra",
+                              "model": "m", "version": 1}, format="json")  # fmt: skip
+    assert response.status_code == 400
+    assert "cannot reach replicas on the compute nodes" in str(response.json()["cluster"])
 
 
 def read_secret(fake, vm, key):

@@ -4,7 +4,7 @@ A backend turns a cluster's desired state (its Node rows and spec) into real mac
 Slurm, and reports what Slurm sees. The operations engine owns the Operation row, progress and
 events; a backend only hands it an ordered list of named steps (`Step(name, run)`, `run(ctx)`) and
 runs them when asked. A backend says what it can do with capability attributes (`runs_jobs`,
-`injects_faults`); callers ask those, never the backend's name.
+`injects_faults`, `endpoints_refused`); callers ask those, never the backend's name.
 
 Rules every backend keeps:
 
@@ -84,6 +84,9 @@ class Backend:
     # Whether the console can rehearse failures here (kill_node; fault files the health agent reads):
     # admin fault actions.
     injects_faults = False
+    # Why the console's router cannot reach serving replicas on this backend's compute nodes ("" when it
+    # can): endpoints are refused on its clusters with this reason.
+    endpoints_refused = ""
 
     def validate_spec(self, spec):
         """Yield (field path, message) for what this backend cannot build from a valid spec."""

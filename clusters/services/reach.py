@@ -118,6 +118,11 @@ def inject_fault(cluster, node):
     fault_backend(cluster).kill_node(cluster, node)
 
 
+def endpoints_refused(cluster):
+    """Why the console's router cannot reach serving replicas on the cluster's nodes ("" when it can)."""
+    return get_backend(cluster.backend).endpoints_refused
+
+
 def fault_backend(cluster):
     """The cluster's backend when it can rehearse failures (injects_faults); Conflict otherwise."""
     backend = get_backend(cluster.backend)

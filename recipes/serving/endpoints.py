@@ -33,6 +33,7 @@ from django.db import transaction
 from django.http import Http404
 from django.utils import timezone
 
+from clusters import services as clusters
 from clusters.events import record_event
 from clusters.models import Cluster
 from clusters.spec.validator import ID_RULE, RESOURCE_ID
@@ -99,6 +100,8 @@ def check(project, data, *, current=None):
             errors["cluster"] = ["the project has no such cluster"]
         elif not cluster.is_usable:
             errors["cluster"] = [f"the cluster is {cluster.get_status_display().lower()}; replicas need a ready one"]
+        elif why := clusters.endpoints_refused(cluster):
+            errors["cluster"] = [why]
         fields.update(name=name, cluster=cluster)
     model = data.get("model", current.model_name if current else None)
     version, alias = data.get("version"), data.get("alias")

@@ -47,6 +47,17 @@ class GceBackend(Backend):
         VPC or IAP: docs/backends.md); a console that only provisions (GCE_REACH_CLUSTERS off) cannot."""
         return settings.GCE_REACH_CLUSTERS
 
+    @property
+    def endpoints_refused(self):
+        """A console outside Google Cloud (GCE_CONTROLLER_ACCESS=external) reaches the controller only; the
+        replicas are on compute nodes without external addresses."""
+        if network.external_access():
+            return (
+                "the console reaches this backend's clusters at their controller's external address only "
+                "(GCE_CONTROLLER_ACCESS=external): its router cannot reach replicas on the compute nodes"
+            )
+        return ""
+
     # -- clients ----------------------------------------------------------------------------------
 
     def __init__(self):
@@ -173,6 +184,8 @@ class GceBackend(Backend):
         ]
         if settings.GCE_REACH_CLUSTERS:
             items.append(("Firewall rule", n.firewall_console, "the console's workers to slurmrestd and the agent"))
+            if not network.external_access():
+                items.append(("Firewall rule", n.firewall_serving, "the console's router to the serving replicas"))
         if net.get("private_services_range"):
             items.append(("Private services access", n.psa_range, net["private_services_range"]))
         if store.get("filestore_home"):
@@ -194,7 +207,8 @@ class GceBackend(Backend):
             items.append(
                 ("Instance template", n.template(pool["id"]), f"{pool['machine_spec']['machine_type']}, gVNIC")
             )
-        items.append(("Instance", n.controller, f"{settings.GCE_CONTROLLER_MACHINE_TYPE}, Slurm controller"))
+        reach = ", external address for the console" if network.external_access() else ""
+        items.append(("Instance", n.controller, f"{settings.GCE_CONTROLLER_MACHINE_TYPE}, Slurm controller{reach}"))
         login_pool = next(p for p in spec["node_pools"] if p["id"] == login)
         for i in range(pool_node_count(login_pool)):
             items.append(

@@ -9,7 +9,7 @@ from ...choices import NodeRole, NodeState
 from ...spec import pool_node_count
 from ...spec.catalog import machine_type_info
 from ...work import PermanentBackendError, TransientBackendError, heartbeat
-from . import fabric, identity, slurm_conf
+from . import fabric, identity, network, slurm_conf
 from .errors import map_api_error
 from .names import OWNER_LABEL, is_gpu_pool, owner_and_name
 
@@ -157,7 +157,11 @@ def instance_properties(cloud, pool, role, in_template=True):
                 network=cloud.network_url,
                 subnetwork=cloud.subnetwork_url,
                 nic_type="GVNIC",
-                access_configs=[compute_v1.AccessConfig(name="External NAT")] if pool.get("enable_public_ips") else [],
+                # An ephemeral external address (https://cloud.google.com/compute/docs/ip-addresses#ephemeraladdress):
+                # the spec's enable_public_ips, and the controller when the console is outside Google Cloud.
+                access_configs=[compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+                if pool.get("enable_public_ips")
+                else [],
             ),
             # The GPU fabric of the machine type (GPUDirect-TCPXO NICs, or a gVNIC + 8 RDMA NICs).
             *(fabric.extra_interfaces(cloud, pool) if role == "compute" else []),
@@ -236,6 +240,7 @@ def create_head_nodes(cloud):
         "id": "ctl",
         "machine_spec": {"machine_type": settings.GCE_CONTROLLER_MACHINE_TYPE},
         "boot_disk": {"boot_disk_type": "pd-ssd", "boot_disk_size_gb": 100},
+        "enable_public_ips": network.external_access(),  # the console reaches it there (network.py)
     }
     heads = [(cloud.n.controller, controller_pool, "controller", "ctl")]
     login_id = cloud.login_pool["id"]
@@ -487,9 +492,20 @@ def wait_started(cloud):
     controller = cloud.get(
         lambda: cloud.c.instances.get(project=cloud.project, zone=cloud.zone, instance=cloud.n.controller)
     )
-    address = controller.network_interfaces[0].network_i_p if controller and controller.network_interfaces else ""
+    address = controller_address(controller)
     if address and (cloud.cluster.backend_state or {}).get("controller_ip") != address:
         cloud.backend.save_state(cloud.cluster, controller_ip=address)
+
+
+def controller_address(controller):
+    """Where the console reaches the controller: its internal address, or with GCE_CONTROLLER_ACCESS=external
+    its external one (its first NIC's access config's natIP); "" while it has none."""
+    nics = controller.network_interfaces if controller else []
+    if not nics:
+        return ""
+    if network.external_access():
+        return next((config.nat_i_p for config in nics[0].access_configs if config.nat_i_p), "")
+    return nics[0].network_i_p
 
 
 def wait_done(cloud):

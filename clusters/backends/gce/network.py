@@ -57,8 +57,15 @@ def no_route_to_new_vpc():
     return (
         "the console's workers would have no route to this cluster's new VPC: set GCE_CONSOLE_NETWORK to their "
         "network (it is peered with each new VPC), or create the cluster in an existing network the workers "
-        "are in (network.create false), or set GCE_REACH_CLUSTERS=false for a console that only provisions"
+        "are in (network.create false), or GCE_CONTROLLER_ACCESS=external for a console outside Google Cloud "
+        "(the controller gets an external address), or GCE_REACH_CLUSTERS=false for a console that only provisions"
     )
+
+
+def external_access():
+    """Does the console reach controllers at an external address (GCE_CONTROLLER_ACCESS=external: a console
+    outside Google Cloud) rather than at their internal one through the VPC or a peering?"""
+    return settings.GCE_CONTROLLER_ACCESS == "external"
 
 
 def create_console_peering(cloud):
@@ -182,14 +189,17 @@ def create_firewalls(cloud):
                 "GCE_CONSOLE_RANGES is empty: set it to the addresses the console's workers reach the clusters "
                 "from (their subnet), or GCE_REACH_CLUSTERS=false for a console that only provisions"
             )
-        if cloud.network_block.get("create") and not settings.GCE_CONSOLE_NETWORK:
+        if cloud.network_block.get("create") and not settings.GCE_CONSOLE_NETWORK and not external_access():
             raise PermanentBackendError(no_route_to_new_vpc())
         # The console's workers only (GCE_CONSOLE_RANGES): to the controller's two doors, and the router to
-        # the compute nodes' serving replicas on their port range.
+        # the compute nodes' serving replicas on their port range (reached at internal addresses only:
+        # with external access the compute nodes have none the console could use, so no rule).
         doors = [str(settings.GCE_SLURMRESTD_PORT), str(settings.GCE_AGENT_PORT)]
         replicas = ["{}-{}".format(*settings.SERVING_REPLICA_PORTS)]
-        for name, role, ports in ((cloud.n.firewall_console, "controller", doors),
-                                  (cloud.n.firewall_serving, "compute", replicas)):  # fmt: skip
+        admitted = [(cloud.n.firewall_console, "controller", doors)]
+        if not external_access():
+            admitted.append((cloud.n.firewall_serving, "compute", replicas))
+        for name, role, ports in admitted:
             rules.append(
                 compute_v1.Firewall(
                     name=name,

@@ -6,7 +6,8 @@ Four checks, each a Finding(status, check, detail) with status "ok", "fail" or "
   controller included), and the GPU quota of each accelerator (the region's `..._GPUS` metric naming
   the model, `PREEMPTIBLE_...` for Spot), with what is already in use;
 - each reservation a pool names exists in its zone and has room for the pool's nodes;
-- the console's workers will have a route to the controller (a new VPC needs GCE_CONSOLE_NETWORK).
+- the console's workers will have a route to the controller (a new VPC needs GCE_CONSOLE_NETWORK, or
+  GCE_CONTROLLER_ACCESS=external).
 """
 
 from django.conf import settings
@@ -16,7 +17,7 @@ from ...spec.catalog import machine_type_info
 from ..base import Finding
 from .identity import makes_account
 from .names import gpu_count, owner_and_name
-from .network import no_route_to_new_vpc
+from .network import external_access, no_route_to_new_vpc
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
@@ -37,6 +38,9 @@ def check_reach(spec):
     with GCE_CONSOLE_NETWORK; without one, only a network the workers are already in is."""
     if not settings.GCE_REACH_CLUSTERS:
         return [Finding("ok", "console reach", "not needed: GCE_REACH_CLUSTERS is off (provisioning only)")]
+    if external_access():
+        how = "at the controller's external address, admitted from GCE_CONSOLE_RANGES only (no endpoints)"
+        return [Finding("ok", "console reach", how)]
     if ((spec.get("console") or {}).get("network") or {}).get("create") and not settings.GCE_CONSOLE_NETWORK:
         return [Finding("fail", "console reach", no_route_to_new_vpc())]
     how = (
