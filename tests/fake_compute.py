@@ -93,6 +93,9 @@ class FakeGoogleCloud:
         # `wait` (a long poll on the real API) answers when it is DONE. 0: operations are DONE at once.
         self.operation_steps = 2
         self.changed = threading.Condition(self.lock)  # metadata waits (wait_for_change)
+        # VM changes are applied in the order of the requests that asked for them, by ticket (locked()).
+        self.turns = threading.Condition()
+        self.tickets = self.serving = 0
         self.vpc = VPC(root) if boot else None
         # Where the console's workers are (booting only): a network of their own, reaching a cluster's VPC
         # only through a peering (_routed).
@@ -147,9 +150,10 @@ class FakeGoogleCloud:
         self.locked(delete)
 
     def locked(self, work, *args):
-        """work(*args) under the lock, then the VM changes it asked for, in order, without the lock (metadata
-        reads go on meanwhile) but under the VPC's lock, taken before this lock is let go: a later request's
-        changes (a delete after a create) wait for these."""
+        """work(*args) under the lock, then the VM changes it asked for, in order, without the lock: metadata
+        reads and other requests go on meanwhile (booting a VM copies its disk and sets up its network: seconds
+        on a loaded machine, and a VM whose metadata read waited that long started late). The ticket taken
+        under the lock keeps the changes in the order of their requests (a delete after a create)."""
         with self.lock:
             try:
                 result = work(*args)
@@ -158,13 +162,18 @@ class FakeGoogleCloud:
                 raise
             changes, self.vm_changes = self.vm_changes, []
             if changes:
-                self.vpc.lock.acquire()
+                ticket, self.tickets = self.tickets, self.tickets + 1
         if changes:
+            with self.turns:
+                self.turns.wait_for(lambda: self.serving == ticket)
             try:
-                for change, change_args in changes:
-                    getattr(self.vpc, change)(*change_args)
+                with self.vpc.lock:
+                    for change, change_args in changes:
+                        getattr(self.vpc, change)(*change_args)
             finally:
-                self.vpc.lock.release()
+                with self.turns:
+                    self.serving += 1
+                    self.turns.notify_all()
         return result
 
     def _vm_change(self, change, *args):
