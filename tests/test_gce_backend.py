@@ -585,6 +585,9 @@ def test_preflight_checks_apis_quotas_and_the_reservation(fake, alpha, alice, tm
     # A console that reaches its clusters needs a route to the new VPC: its peering with the workers' network.
     settings.GCE_REACH_CLUSTERS, settings.GCE_CONSOLE_NETWORK = True, ""
     found = {f.check: f for f in services.preflight(project=alpha, spec=spec)}["console reach"]
+    assert found.status == "fail" and "GCE_CONSOLE_RANGES is empty" in found.detail
+    settings.GCE_CONSOLE_RANGES = ["10.200.0.0/24"]
+    found = {f.check: f for f in services.preflight(project=alpha, spec=spec)}["console reach"]
     assert found.status == "fail" and "no route to this cluster's new VPC: set GCE_CONSOLE_NETWORK" in found.detail
     settings.GCE_CONSOLE_NETWORK = "projects/ops/global/networks/console"
     found = {f.check: f for f in services.preflight(project=alpha, spec=spec)}["console reach"]

@@ -768,9 +768,19 @@ def test_a_console_outside_google_cloud_reaches_the_controller_at_its_external_a
     console's ranges are admitted to the controller's two doors, and nothing admits the router to the compute
     nodes: an endpoint on the cluster is refused saying why."""
     settings.GCE_CONTROLLER_ACCESS = "external"
-    settings.GCE_CONSOLE_RANGES = ["203.0.113.0/28"]  # the console's public egress addresses
     settings.GCE_CONSOLE_NETWORK = ""
     settings.GCE_REACH_CLUSTERS = True
+    # The whole internet, or what is not a range, is refused before anything is made.
+    for ranges, why in ((["0.0.0.0/0"], "admits the whole internet"), (["console"], "not an address range")):
+        settings.GCE_CONSOLE_RANGES = ranges
+        checks = {f.check: f for f in services.preflight(project=alpha, spec=gce_spec(nodes=2))}
+        assert checks["console reach"].status == "fail" and why in checks["console reach"].detail
+        operation = create(alpha, alice, gce_spec(nodes=2))
+        engine.run(operation.pk)
+        operation.refresh_from_db()
+        assert operation.status == "FAILED" and why in operation.error and not fake.instances()
+        Cluster.objects.all().delete()
+    settings.GCE_CONSOLE_RANGES = ["203.0.113.0/28"]  # the console's public egress addresses
     checks = {f.check: f for f in services.preflight(project=alpha, spec=gce_spec(nodes=2))}
     assert checks["console reach"].status == "ok" and "external address" in checks["console reach"].detail
     settings.GCE_REACH_CLUSTERS = False  # provisioning only here: nothing in the fake answers on a controller

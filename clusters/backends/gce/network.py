@@ -62,6 +62,31 @@ def no_route_to_new_vpc():
     )
 
 
+def console_ranges_problem():
+    """Why GCE_CONSOLE_RANGES cannot admit the console to a controller ("" when it can): it must be set,
+    every entry a CIDR range, and with an external controller address none may be the whole internet
+    (slurmrestd and the agent would face every scanner; both check keys, but only the console should
+    reach them at all)."""
+    import ipaddress
+
+    if not settings.GCE_CONSOLE_RANGES:
+        return (
+            "GCE_CONSOLE_RANGES is empty: set it to the addresses the console's workers reach the clusters "
+            "from (their subnet), or GCE_REACH_CLUSTERS=false for a console that only provisions"
+        )
+    for entry in settings.GCE_CONSOLE_RANGES:
+        try:
+            network = ipaddress.ip_network(entry.strip(), strict=False)
+        except ValueError:
+            return f"GCE_CONSOLE_RANGES holds {entry!r}, which is not an address range (e.g. 203.0.113.0/28)"
+        if external_access() and network.prefixlen == 0:
+            return (
+                f"GCE_CONSOLE_RANGES holds {entry}: with GCE_CONTROLLER_ACCESS=external that admits the whole "
+                "internet to every controller's slurmrestd and agent; name the console's egress addresses"
+            )
+    return ""
+
+
 def external_access():
     """Does the console reach controllers at an external address (GCE_CONTROLLER_ACCESS=external: a console
     outside Google Cloud) rather than at their internal one through the VPC or a peering?"""
@@ -184,11 +209,8 @@ def create_firewalls(cloud):
         ),
     ]
     if settings.GCE_REACH_CLUSTERS:
-        if not settings.GCE_CONSOLE_RANGES:
-            raise PermanentBackendError(
-                "GCE_CONSOLE_RANGES is empty: set it to the addresses the console's workers reach the clusters "
-                "from (their subnet), or GCE_REACH_CLUSTERS=false for a console that only provisions"
-            )
+        if problem := console_ranges_problem():
+            raise PermanentBackendError(problem)
         if cloud.network_block.get("create") and not settings.GCE_CONSOLE_NETWORK and not external_access():
             raise PermanentBackendError(no_route_to_new_vpc())
         # The console's workers only (GCE_CONSOLE_RANGES): to the controller's two doors, and the router to
