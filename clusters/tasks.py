@@ -5,6 +5,8 @@ take ids, never model instances. The operation tasks live beside the engine (clu
 from celery import shared_task
 from django.conf import settings
 
+from console import rounds
+
 from . import retention, services
 from .choices import ClusterStatus
 from .health import repair, schedule
@@ -25,15 +27,16 @@ __all__ = [
 
 @shared_task(soft_time_limit=30)
 def sync_clusters():
-    """Send one sync per cluster whose Slurm may be up; each expires when the next round is due."""
+    """Send one sync per cluster whose Slurm may be up, unless one for it still waits (console/rounds.py)."""
     ids = Cluster.objects.filter(status__in=ClusterStatus.synced()).values_list("pk", flat=True)
     for cluster_id in ids:
-        sync_cluster.apply_async((cluster_id,), expires=settings.SLURM_SYNC_SECONDS)
+        rounds.send(sync_cluster, "sync", cluster_id)
 
 
 @shared_task(soft_time_limit=60)
 def sync_cluster(cluster_id):
     """Pull one cluster's nodes and jobs from Slurm into the database (clusters.services.sync)."""
+    rounds.started("sync", cluster_id)
     cluster = Cluster.objects.filter(pk=cluster_id).select_related("project").first()
     if cluster is not None:
         services.sync_cluster(cluster)

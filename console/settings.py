@@ -263,18 +263,31 @@ PERIODIC_TASKS["reconcile-endpoints"] = ("recipes.tasks.reconcile_endpoints", EN
 # A round holds its endpoint this long at most (a worker that died mid-round frees it then): more than
 # a round takes (a few 2 s probes per replica), so two rounds never drive one endpoint at once.
 ENDPOINT_RECONCILE_LEASE_SECONDS = envfloat("ENDPOINT_RECONCILE_LEASE_SECONDS", 120.0)
-# Tasks the periodic ones fan out, on the same queue.
+# Tasks the periodic ones fan out, on the same queue: one round per cluster or endpoint waits at a time
+# (console/rounds.py), however late; one waiting this long is taken for lost and another is sent.
 PERIODIC_FAN_OUT = ["clusters.tasks.sync_cluster", "recipes.tasks.reconcile_endpoint"]
+PERIODIC_ROUND_TIMEOUT = envfloat("PERIODIC_ROUND_TIMEOUT", 300.0)
+
+
+# A periodic task waits in the queue for up to PERIODIC_LATE_RUNS of its intervals (and never less than one):
+# a worker that runs behind still runs it, late, and at most that many pile up. (Expiring at the next run
+# dropped every run of it while the worker stayed more than one interval behind.)
+PERIODIC_LATE_RUNS = envint("PERIODIC_LATE_RUNS", 10)
 
 
 def periodic(queue):
-    """(beat schedule, task routes) putting every periodic task on `queue`, expiring at its interval."""
+    """(beat schedule, task routes) putting every periodic task on `queue`, expiring PERIODIC_LATE_RUNS
+    intervals late (at most PERIODIC_ROUND_TIMEOUT, at least one interval)."""
     schedule = {
-        name: {"task": task, "schedule": every, "options": {"queue": queue, "expires": every}}
+        name: {"task": task, "schedule": every, "options": {"queue": queue, "expires": late(every)}}
         for name, (task, every) in PERIODIC_TASKS.items()
     }
     tasks = [task for task, _every in PERIODIC_TASKS.values()] + PERIODIC_FAN_OUT
     return schedule, {task: {"queue": queue} for task in tasks}
+
+
+def late(every):
+    return max(every, min(PERIODIC_ROUND_TIMEOUT, PERIODIC_LATE_RUNS * every))
 
 
 CELERY_BEAT_SCHEDULE, CELERY_TASK_ROUTES = periodic(CELERY_PERIODIC_QUEUE)

@@ -3,7 +3,8 @@ Imported by the app's ready(), so a worker has them all; services enqueue them b
 (recipes.queue.later)."""
 
 from celery import shared_task
-from django.conf import settings
+
+from console import rounds
 
 from .registry import RegistryUnavailable, keep_files, track_and_register
 from .serving import due, reconcile_one
@@ -21,12 +22,13 @@ def track_run(run_id):
 
 @shared_task(soft_time_limit=30)
 def reconcile_endpoints():
-    """One round per live endpoint, each a task of its own that expires when the next is due."""
+    """One round per live endpoint, each a task of its own, unless one for it still waits (console/rounds.py)."""
     for endpoint_id in due():
-        reconcile_endpoint.apply_async((endpoint_id,), expires=settings.ENDPOINT_RECONCILE_SECONDS)
+        rounds.send(reconcile_endpoint, "reconcile", endpoint_id)
 
 
 @shared_task(soft_time_limit=120)
 def reconcile_endpoint(endpoint_id):
     """Drive one endpoint one step (serving.reconcile_one; its lease keeps two rounds apart)."""
+    rounds.started("reconcile", endpoint_id)
     reconcile_one(endpoint_id)

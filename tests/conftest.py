@@ -164,8 +164,12 @@ def redis_broker():
 
 
 def purge_queue(client):
-    """Drop this checkout's pending tasks (its own queue; another checkout's tests may share Redis)."""
+    """Drop this checkout's pending tasks (its own queues; another checkout's tests may share Redis) and the
+    keys that say a periodic round waits (console/rounds.py), which would hold the next ones back."""
     client.delete(settings.CELERY_TASK_DEFAULT_QUEUE, settings.CELERY_PERIODIC_QUEUE)
+    waiting = list(client.scan_iter(f"{settings.CELERY_PERIODIC_QUEUE}:waiting:*"))
+    if waiting:
+        client.delete(*waiting)
 
 
 class Worker:

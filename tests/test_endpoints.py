@@ -880,11 +880,12 @@ def test_a_roll_whose_new_replica_never_serves_fails_keeps_the_old_serving_and_w
 
 @pytest.mark.django_db
 def test_each_endpoint_gets_a_round_of_its_own_and_two_never_drive_it_at_once(scripted, alpha, alice, monkeypatch,
-                                                                              settings):  # fmt: skip
+                                                                              settings, redis_broker):  # fmt: skip
     """One task reconciled every endpoint in turn: a slow one (probes of 2 s per replica) held up the rest
     past the 5 s interval, and a change's reconcile could run beside the periodic one, each starting the
-    replica the endpoint lacked. Now the periodic task fans out one round per endpoint, expiring at the
-    next, and a lease keeps a second round off an endpoint being driven."""
+    replica the endpoint lacked. Now the periodic task fans out one round per endpoint, and a lease keeps a
+    second round off an endpoint being driven. A round waits however late (it expired at the next interval:
+    a worker steadily behind dropped every one) and no second one is sent while it waits."""
     from datetime import timedelta
 
     from django.utils import timezone
@@ -908,10 +909,17 @@ def test_each_endpoint_gets_a_round_of_its_own_and_two_never_drive_it_at_once(sc
     sent = []
     monkeypatch.setattr(tasks.reconcile_endpoint, "apply_async", lambda args, expires: sent.append((args, expires)))
     tasks.reconcile_endpoints()
-    assert sorted(sent) == [
-        ((chat.pk,), settings.ENDPOINT_RECONCILE_SECONDS),
-        ((other.pk,), settings.ENDPOINT_RECONCILE_SECONDS),
-    ]
+    timeout = settings.PERIODIC_ROUND_TIMEOUT
+    assert timeout > 10 * settings.ENDPOINT_RECONCILE_SECONDS
+    assert sorted(sent) == [((chat.pk,), timeout), ((other.pk,), timeout)]
+    sent.clear()
+    tasks.reconcile_endpoints()  # the next beat, both rounds still waiting: nothing piles up
+    assert sent == []
+    monkeypatch.setattr(sys.modules["recipes.tasks"], "reconcile_one", lambda endpoint_id: None)
+    tasks.reconcile_endpoint(chat.pk)  # chat's round started
+    tasks.reconcile_endpoints()
+    assert sent == [((chat.pk,), timeout)]
+    purge_queue(redis_broker)
 
     Endpoint.objects.filter(pk=chat.pk).update(reconciling_until=timezone.now() + timedelta(seconds=60))
     assert reconcile_one(chat.pk) is False and started == []  # another worker holds it

@@ -7,6 +7,7 @@ Personas: alice (admin of alpha) watches her cluster "ok"; charlie belongs to an
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -281,3 +282,22 @@ def test_the_service_paths_list_jobs_with_page_tokens_and_a_filter(cluster, scri
     assert client.get(url, {"pageToken": "bm9wZQ=="}, **headers).status_code == 400
     _token, outsider = APIToken.issue(charlie, "jobs")
     assert client.get(url, HTTP_AUTHORIZATION=f"Bearer {outsider}").status_code == 403
+
+
+def test_a_sync_round_that_waits_is_not_dropped_and_none_piles_up(cluster, scripted, monkeypatch, redis_broker):
+    """Each cluster's sync expired when the next was due: a worker steadily behind (every periodic task
+    shares its queue) dropped every round and the cluster was never synced again. A round now waits
+    however late, and the next beat sends none for a cluster whose round still waits."""
+    from .conftest import purge_queue
+
+    sent = []
+    monkeypatch.setattr(tasks.sync_cluster, "apply_async", lambda args, expires: sent.append((args, expires)))
+    try:
+        tasks.sync_clusters()
+        tasks.sync_clusters()
+        assert sent == [((cluster.pk,), settings.PERIODIC_ROUND_TIMEOUT)]
+        tasks.sync_cluster(cluster.pk)  # the round runs (late or not): the next one may be sent
+        tasks.sync_clusters()
+        assert len(sent) == 2 and SlurmSync.objects.filter(cluster=cluster).exists()
+    finally:
+        purge_queue(redis_broker)
