@@ -41,7 +41,11 @@ def send(task, kind, target):
             return False
     except redis.RedisError:
         pass  # the broker is not answering: the send below fails the same way, as it did before
-    task.apply_async((target,), expires=timeout)
+    try:
+        task.apply_async((target,), expires=timeout)
+    except Exception:
+        started(kind, target)  # not sent: the next beat may try again
+        raise
     return True
 
 

@@ -301,3 +301,21 @@ def test_a_sync_round_that_waits_is_not_dropped_and_none_piles_up(cluster, scrip
         assert len(sent) == 2 and SlurmSync.objects.filter(cluster=cluster).exists()
     finally:
         purge_queue(redis_broker)
+
+
+def test_a_round_that_could_not_be_sent_holds_nothing_back(cluster, scripted, monkeypatch, redis_broker):
+    from .conftest import purge_queue
+
+    def broker_down(args, expires):
+        raise ConnectionError("the broker is not answering")
+
+    monkeypatch.setattr(tasks.sync_cluster, "apply_async", broker_down)
+    try:
+        with pytest.raises(ConnectionError):
+            tasks.sync_clusters()
+        sent = []
+        monkeypatch.setattr(tasks.sync_cluster, "apply_async", lambda args, expires: sent.append(args))
+        tasks.sync_clusters()
+        assert sent == [(cluster.pk,)]
+    finally:
+        purge_queue(redis_broker)
