@@ -533,7 +533,8 @@ def test_preflight_checks_apis_quotas_and_the_reservation(fake, alpha, alice, tm
         "values": ["h200-block"],
     }
     fake.region_quotas["us-central1"] = [quota("N2_CPUS", 100, 90), quota("NVIDIA_H200_GPUS", 64, 40),
-                                         quota("PREEMPTIBLE_NVIDIA_H200_GPUS", 512)]  # fmt: skip
+                                         quota("PREEMPTIBLE_NVIDIA_H200_GPUS", 512),
+                                         quota("IN_USE_ADDRESSES", 8, 8)]  # fmt: skip
     fake.enabled_services.discard("lustre.googleapis.com")
     fake.resources["/compute/v1/projects/tcc-test/zones/us-central1-b/reservations/h200-block"] = {
         "name": "h200-block",
@@ -552,9 +553,16 @@ def test_preflight_checks_apis_quotas_and_the_reservation(fake, alpha, alice, tm
     cpus = findings["N2_CPUS in us-central1"]  # n2 vCPUs count against their family's quota, not CPUS
     assert cpus.status == "fail" and "needs 16, 10 free" in cpus.detail  # the login node and the controller
     assert findings["reservation h200-block"].status == "fail" and "3 of 4" in findings["reservation h200-block"].detail
+    addresses = findings["IN_USE_ADDRESSES in us-central1"]  # the login node's external address (its spec's)
+    assert addresses.status == "fail" and "external addresses: the spec needs 1, 0 free" in addresses.detail
+    settings.GCE_CONTROLLER_ACCESS = "external"  # the controller's too
+    found = {f.check: f for f in services.preflight(project=alpha, spec=spec)}["IN_USE_ADDRESSES in us-central1"]
+    assert "the spec needs 2, 0 free" in found.detail
+    settings.GCE_CONTROLLER_ACCESS = "internal"
 
     fake.enabled_services.add("lustre.googleapis.com")
-    fake.region_quotas["us-central1"] = [quota("N2_CPUS", 1000), quota("NVIDIA_H200_GPUS", 64)]
+    fake.region_quotas["us-central1"] = [quota("N2_CPUS", 1000), quota("NVIDIA_H200_GPUS", 64),
+                                         quota("IN_USE_ADDRESSES", 8)]  # fmt: skip
     fake.resources["/compute/v1/projects/tcc-test/zones/us-central1-b/reservations/h200-block"][
         "specificReservation"]["inUseCount"] = "0"  # fmt: skip
     assert {f.status for f in services.preflight(project=alpha, spec=spec)} == {"ok"}

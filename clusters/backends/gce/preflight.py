@@ -106,8 +106,14 @@ def cpu_metric(machine_type):
     return FAMILY_CPU_QUOTAS.get(machine_type.split("-", 1)[0], "CPUS")
 
 
+# External IPv4 addresses in use, per region: every VM's ephemeral one counts
+# (https://cloud.google.com/compute/resource-usage#external_ip_addresses).
+ADDRESSES = "IN_USE_ADDRESSES"
+
+
 def wanted_by_region(spec):
-    """{region: {"N2_CPUS": n, ("GPUS", accelerator, spot): n}} for the spec's pools and the controller."""
+    """{region: {"N2_CPUS": n, ("GPUS", accelerator, spot): n, "IN_USE_ADDRESSES": n}} for the spec's pools
+    and the controller (its external address with GCE_CONTROLLER_ACCESS=external)."""
     wanted = {}
     for pool in spec["node_pools"]:
         region = pool["zone"].rsplit("-", 1)[0]
@@ -123,10 +129,14 @@ def wanted_by_region(spec):
         elif info:
             metric = cpu_metric(info.name)
             need[metric] = need.get(metric, 0) + nodes * info.vcpus
+        if pool.get("enable_public_ips"):
+            need[ADDRESSES] = need.get(ADDRESSES, 0) + nodes
     controller = machine_type_info(settings.GCE_CONTROLLER_MACHINE_TYPE)
     if wanted and controller:
         first, metric = next(iter(wanted)), cpu_metric(controller.name)
         wanted[first][metric] = wanted[first].get(metric, 0) + controller.vcpus
+        if external_access():
+            wanted[first][ADDRESSES] = wanted[first].get(ADDRESSES, 0) + 1
     return wanted
 
 
@@ -142,7 +152,7 @@ def check_quotas(clients, gcp_project, spec):
             continue
         for key, amount in need.items():
             if isinstance(key, str):
-                metric, label = key, "vCPUs"
+                metric, label = key, "external addresses" if key == ADDRESSES else "vCPUs"
             else:
                 _gpus, accelerator, spot = key
                 token = gpu_token(accelerator)
