@@ -9,7 +9,9 @@ The project needs the APIs, roles and quotas listed in docs/gce.md, and a node i
 `manage.py gce_image build` (TCC_GCE_LIVE_IMAGE, its family URL) or TCC_GCE_LIVE_NAT=1 for Cloud NAT.
 With TCC_GCE_LIVE_REACH=1 (the console runs where it reaches the cluster's VPC: docs/gce.md; set
 GCE_CONSOLE_RANGES and GCE_CONSOLE_NETWORK in the environment, the workers' subnet and network, which the
-new VPC is peered with) the scan and the job run too. It costs a few n2-standard-2 VM-minutes.
+new VPC is peered with; or, from a machine outside Google Cloud such as a laptop,
+GCE_CONTROLLER_ACCESS=external and GCE_CONSOLE_RANGES=<its public address>/32) the scan and the job run
+too. It costs a few n2-standard-2 VM-minutes.
 """
 
 import os
