@@ -227,11 +227,17 @@ if [ "${1:-}" = watch-conf ]; then
   done
 fi
 
-secret() {  # secret NAME FILE: the latest version of a Secret Manager secret, with the VM's service account
+# secret NAME FILE: the latest version of a Secret Manager secret, with the VM's service account. What is
+# transient is retried as for the metadata server (refused, timed out, 429, 5xx: Google's APIs ask for
+# retries with backoff, https://cloud.google.com/apis/design/errors#error_retries); a refusal (403: no
+# grant) fails at once. Without a connect
+# timeout, one unanswered connection held the boot for 127 s (the kernel's SYN retries) and then failed it.
+secret() {
   local token
   token=$(meta_required instance/service-accounts/default/token | python3 -c 'import json,sys; print(json.load(sys.stdin)["access_token"])') \
     || return 1
-  (umask 077; curl -sf -H "Authorization: Bearer $token" "$SECRETS/v1/projects/$PROJECT/secrets/$1/versions/latest:access" \
+  (umask 077; curl -sf "${METADATA_RETRY[@]}" --retry-connrefused -H "Authorization: Bearer $token" \
+    "$SECRETS/v1/projects/$PROJECT/secrets/$1/versions/latest:access" \
     | python3 -c 'import base64,json,sys; sys.stdout.buffer.write(base64.b64decode(json.load(sys.stdin)["payload"]["data"]))' \
     > "$2.new") || { rm -f "$2.new"; return 1; }
   mv "$2.new" "$2"
