@@ -87,6 +87,18 @@ def console_ranges_problem():
     return ""
 
 
+def reach_problem(network_block):
+    """Why the console's workers could not reach the controller of a cluster with this console.network
+    block ("" when they can): the ranges the firewall would admit, then a route to a new VPC (its peering
+    with GCE_CONSOLE_NETWORK, or the controller's external address). The create's firewall step and
+    preflight's "console reach" check both ask this."""
+    if problem := console_ranges_problem():
+        return problem
+    if network_block.get("create") and not settings.GCE_CONSOLE_NETWORK and not external_access():
+        return no_route_to_new_vpc()
+    return ""
+
+
 def external_access():
     """Does the console reach controllers at an external address (GCE_CONTROLLER_ACCESS=external: a console
     outside Google Cloud) rather than at their internal one through the VPC or a peering?"""
@@ -209,10 +221,8 @@ def create_firewalls(cloud):
         ),
     ]
     if settings.GCE_REACH_CLUSTERS:
-        if problem := console_ranges_problem():
+        if problem := reach_problem(cloud.network_block):
             raise PermanentBackendError(problem)
-        if cloud.network_block.get("create") and not settings.GCE_CONSOLE_NETWORK and not external_access():
-            raise PermanentBackendError(no_route_to_new_vpc())
         # The console's workers only (GCE_CONSOLE_RANGES): to the controller's two doors, and the router to
         # the compute nodes' serving replicas on their port range (reached at internal addresses only:
         # with external access the compute nodes have none the console could use, so no rule).

@@ -17,7 +17,7 @@ from ...spec.catalog import machine_type_info
 from ..base import Finding
 from .identity import makes_account
 from .names import gpu_count, owner_and_name
-from .network import console_ranges_problem, external_access, no_route_to_new_vpc
+from .network import external_access, reach_problem
 
 # google.cloud and google.api_core are imported inside the functions that call them (start-up cost: about
 # 1.4 s on this machine, paid only by the workers that act on gce clusters).
@@ -38,13 +38,11 @@ def check_reach(spec):
     with GCE_CONSOLE_NETWORK; without one, only a network the workers are already in is."""
     if not settings.GCE_REACH_CLUSTERS:
         return [Finding("ok", "console reach", "not needed: GCE_REACH_CLUSTERS is off (provisioning only)")]
-    if problem := console_ranges_problem():
+    if problem := reach_problem((spec.get("console") or {}).get("network") or {}):
         return [Finding("fail", "console reach", problem)]
     if external_access():
         how = "at the controller's external address, admitted from GCE_CONSOLE_RANGES only (no endpoints)"
         return [Finding("ok", "console reach", how)]
-    if ((spec.get("console") or {}).get("network") or {}).get("create") and not settings.GCE_CONSOLE_NETWORK:
-        return [Finding("fail", "console reach", no_route_to_new_vpc())]
     how = (
         f"peered with {settings.GCE_CONSOLE_NETWORK}"
         if settings.GCE_CONSOLE_NETWORK

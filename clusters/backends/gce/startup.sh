@@ -230,8 +230,8 @@ fi
 # secret NAME FILE: the latest version of a Secret Manager secret, with the VM's service account. What is
 # transient is retried as for the metadata server (refused, timed out, 429, 5xx: Google's APIs ask for
 # retries with backoff, https://cloud.google.com/apis/design/errors#error_retries); a refusal (403: no
-# grant) fails at once. Without a connect
-# timeout, one unanswered connection held the boot for 127 s (the kernel's SYN retries) and then failed it.
+# grant) fails at once. Without a connect timeout, one unanswered connection held the boot for 127 s (the
+# kernel's SYN retries) and then failed it.
 secret() {
   local token
   token=$(meta_required instance/service-accounts/default/token | python3 -c 'import json,sys; print(json.load(sys.stdin)["access_token"])') \
