@@ -613,8 +613,7 @@ class FakeGoogleCloud:
         instance = self.resources[key]
         script = metadata_items(instance).get("startup-script", "")
         address = instance["networkInterfaces"][0]["networkIP"]
-        external = next((c["natIP"] for c in instance["networkInterfaces"][0].get("accessConfigs") or []), None)
-        self._vm_change("boot", instance["name"], address, self.metadata_host, script, external)
+        self._vm_change("boot", instance["name"], address, self.metadata_host, script, external_ip(instance))
         self._vm_change("firewall", instance["name"], *self._console_ports(instance))
 
     def _refresh_firewalls(self):
@@ -650,11 +649,10 @@ class FakeGoogleCloud:
         its tags (a rule without target tags applies to every instance of the network); with no route to
         its network (_routed: peering) only at its external address, if it has one, else none. Deny rules
         and priorities are not modelled: the console makes allow rules only."""
-        nic = instance["networkInterfaces"][0]
-        network = network_id(nic.get("network", ""))
+        network = network_id(instance["networkInterfaces"][0].get("network", ""))
         external = None
         if not self._routed(network):
-            external = next((c["natIP"] for c in nic.get("accessConfigs") or [] if c.get("natIP")), None)
+            external = external_ip(instance)
             if external is None:
                 return [], None
         tags = set((instance.get("tags") or {}).get("items", []))
@@ -1085,6 +1083,12 @@ def page(items, query):
     if start + size < len(items):
         body["nextPageToken"] = str(start + size)
     return body
+
+
+def external_ip(instance):
+    """The instance's external address (its first NIC's access config's natIP), or None."""
+    configs = instance["networkInterfaces"][0].get("accessConfigs") or []
+    return next((c["natIP"] for c in configs if c.get("natIP")), None)
 
 
 def network_id(url):
