@@ -803,6 +803,12 @@ def train_rl(config):
 
         dist.barrier()  # rank 0's files are whole before any rank's step ends
         dist.destroy_process_group()
+        # Here, not after returning: the trainer's DDP reducer still holds the gloo process group, and
+        # freeing this function's locals destroys it while holding the GIL, joining gloo's thread, which
+        # may itself wait for the GIL to free the last barrier's work: rank 1 of the two-rank DPO test
+        # hung so after its run had ended (gdb: ~ProcessGroupGloo joining pt_gloo_runloop in
+        # ~AsyncBarrierWork -> gil_scoped_acquire). Every file is written and closed by now.
+        leave()
 
 
 def export(config, checkpoint, folder, **about):
@@ -847,9 +853,7 @@ def main(argv=None):
         export(config, *args.export)
         return
     if config["kind"] == "rl":
-        train_rl(config)
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            leave()
+        train_rl(config)  # a rank of several leaves from inside (it does not return)
         return
     if train(config) > 1:
         leave()
