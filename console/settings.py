@@ -371,6 +371,11 @@ MLFLOW_EXPERIMENT_PREFIX = env("MLFLOW_EXPERIMENT_PREFIX", "tcc/")
 # (recipes/registry/archive.py), copied through the console; a checkpoint larger than this stays on the
 # cluster's storage only (full-size ones are tens to hundreds of GB).
 RUN_ARCHIVE_MAX_BYTES = envint("RUN_ARCHIVE_MAX_BYTES", 4 << 30)
+# Larger checkpoints go from the cluster straight into the registry's store (MLflow's multipart upload,
+# recipes/registry/direct.py) when it takes them (a bucket); up to this size (Llama 3.1 405B in fp32
+# with AdamW's two moments: 12 bytes a parameter, about 4.9 TB), in parts of RUN_ARCHIVE_PART_BYTES.
+RUN_ARCHIVE_DIRECT_MAX_BYTES = envint("RUN_ARCHIVE_DIRECT_MAX_BYTES", 8 << 40)
+RUN_ARCHIVE_PART_BYTES = envint("RUN_ARCHIVE_PART_BYTES", 128 << 20)
 
 CLUSTER_BACKENDS = {
     "local": "clusters.backends.local.LocalBackend",

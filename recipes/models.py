@@ -1,6 +1,7 @@
 """Training runs: a recipe launched on a cluster as one Slurm batch job."""
 
 import uuid
+from datetime import datetime
 
 from django.conf import settings
 from django.db import models
@@ -100,6 +101,16 @@ class Run(models.Model):
     @property
     def is_done(self):
         return self.status in RunStatus.done()
+
+    @property
+    def checkpoint_copy(self):
+        """The copy under way of a large checkpoint into the registry (registry/archive.py), with its
+        percent sent, or None."""
+        copying = (self.archive or {}).get("copying")
+        if not copying:
+            return None
+        percent = min(100, 100 * copying.get("sent", 0) // max(copying.get("bytes", 1), 1))
+        return {**copying, "percent": percent, "at": datetime.fromisoformat(copying["at"])}
 
     def in_home(self, *parts):
         """A path in the run's folder relative to the cluster's shared home (for the cluster agent)."""

@@ -3,10 +3,11 @@ Imported by the app's ready(), so a worker has them all; services enqueue them b
 (recipes.queue.later)."""
 
 from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 
 from console import rounds
 
-from .registry import RegistryUnavailable, keep_files, track_and_register
+from .registry import CopyBusy, RegistryUnavailable, copy_checkpoint, keep_files, track_and_register
 from .serving import due, reconcile_one
 
 
@@ -18,6 +19,19 @@ def track_run(run_id):
     keep its newest checkpoint and TensorBoard files in the registry (registry.keep_files)."""
     track_and_register(run_id)
     keep_files(run_id)
+
+
+@shared_task(
+    name="recipes.tasks.copy_checkpoint", soft_time_limit=3000, time_limit=3300,
+    autoretry_for=(RegistryUnavailable, SoftTimeLimitExceeded, CopyBusy), retry_backoff=30,
+    retry_kwargs={"max_retries": 24},
+)  # fmt: skip
+def copy_checkpoint_task(run_id, step):
+    """Copy a run's large checkpoint from its cluster into the registry (registry.copy_checkpoint). Under
+    the broker's hour (CELERY_VISIBILITY_TIMEOUT): a copy stopped by the time limit goes on, file by file,
+    in the next try; a second task for the same copy (a redelivery) waits its turn (CopyBusy), and takes
+    the copy over once its owner has shown no progress for 30 minutes."""
+    copy_checkpoint(run_id, step)
 
 
 @shared_task(soft_time_limit=30)

@@ -31,7 +31,10 @@ INI
 export MLFLOW_AUTH_CONFIG_PATH="$folder/auth.ini"
 MLFLOW_FLASK_SERVER_SECRET_KEY=$(cat "$folder/flask_secret")
 export MLFLOW_FLASK_SERVER_SECRET_KEY  # the environment: never the command line `ps` shows
+# MLFLOW_ARTIFACTS_DESTINATION (gs://bucket/prefix, s3://...) puts the artifacts in a bucket instead of
+# FOLDER/artifacts: a store that takes multipart uploads, so checkpoints over RUN_ARCHIVE_MAX_BYTES are
+# kept too (docs/registry.md).
 # MLflow 3's job runner starts six huey consumers (~250 MB each) for features the console does not use.
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
 exec .venv/bin/mlflow server --app-name basic-auth --host 127.0.0.1 --port "$port" --workers 1 \
-  --backend-store-uri "sqlite:///$folder/mlflow.db" --artifacts-destination "$folder/artifacts"
+  --backend-store-uri "sqlite:///$folder/mlflow.db" --artifacts-destination "${MLFLOW_ARTIFACTS_DESTINATION:-$folder/artifacts}"

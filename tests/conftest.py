@@ -236,34 +236,75 @@ class Worker:
 def mlflow_server():
     """A real MLflow tracking server (scripts/mlflow.sh, as the console command starts it) on the test
     settings' port, with its store under the tests' folder, emptied first."""
-    import urllib.request
     from urllib.parse import urlparse
 
     folder = Path(settings.MLFLOW_DIR)
+    with mlflow_process(folder, urlparse(settings.MLFLOW_TRACKING_URI).port):
+        yield settings.MLFLOW_TRACKING_URI
+
+
+@contextmanager
+def mlflow_process(folder, port, **environment):
+    """scripts/mlflow.sh serving `folder` (emptied first) on `port`, with `environment` added to its own
+    (MLFLOW_ARTIFACTS_DESTINATION: a bucket); its URL once it answers, stopped after."""
+    import urllib.request
+
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    port = urlparse(settings.MLFLOW_TRACKING_URI).port
-    log = open(folder.parent / "mlflow.log", "w")  # noqa: SIM115 - closed below
+    url = f"http://127.0.0.1:{port}"
+    log = open(folder.parent / f"{folder.name}.log", "w")  # noqa: SIM115 - closed below
     process = subprocess.Popen(["bash", "scripts/mlflow.sh", str(folder), str(port)], cwd=settings.BASE_DIR,
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                               env={**os.environ, **environment}, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
 
     def healthy():
         if process.poll() is not None:
-            raise RuntimeError(f"mlflow server exited:\n{(folder.parent / 'mlflow.log').read_text()[-3000:]}")
+            raise RuntimeError(f"mlflow server exited:\n{(folder.parent / f'{folder.name}.log').read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(f"{settings.MLFLOW_TRACKING_URI}/health", timeout=2) as answer:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
                 return answer.status == 200
         except OSError:
             return False
 
-    wait_until(healthy, timeout=120, interval=0.5, message="the MLflow server to answer")
-    yield settings.MLFLOW_TRACKING_URI
-    os.killpg(process.pid, signal.SIGTERM)
     try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-    log.close()
+        wait_until(healthy, timeout=120, interval=0.5, message="the MLflow server to answer")
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+
+
+@contextmanager
+def agent_process(root):
+    """The cluster agent (clusters/agent/server.py) as the backends start it, TLS with the cluster's own CA,
+    on the scratch home `root`/home: (the console's client pinned to it, the home, root)."""
+    import secrets
+
+    from clusters import tls
+    from clusters.agent import server
+    from clusters.agent.client import AgentClient, AgentEndpoint
+
+    home, secret, bundle = root / "home", root / "agent.key", root / "tls.pem"
+    home.mkdir()
+    key = secrets.token_bytes(32)
+    secret.write_bytes(key)
+    bundle.write_bytes(tls.controller_bundle("agent-test"))
+    port_file = root / "port"
+    command = [sys.executable, server.__file__, "--home", str(home), "--key-file", str(secret),
+               "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--tls-bundle", str(bundle)]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(port_file.exists, timeout=20, message="the agent to listen")
+        port = int(port_file.read_text())
+        ca = tls.ca_of(bundle.read_bytes())
+        yield AgentClient(AgentEndpoint(f"https://127.0.0.1:{port}", key.hex(), ca)), home, root
+    finally:
+        process.kill()
+        process.wait()
 
 
 @pytest.fixture(scope="module")

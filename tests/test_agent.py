@@ -20,28 +20,14 @@ from clusters.agent import server
 from clusters.agent.client import AgentClient, AgentEndpoint, AgentRefused
 from clusters.work import TransientBackendError
 
-from .conftest import wait_until
+from .conftest import agent_process, wait_until
 
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
     """The agent as the backends start it: TLS with the cluster's own CA, and the console's client pinned to it."""
-    root = tmp_path_factory.mktemp("agent")
-    home, secret, bundle = root / "home", root / "agent.key", root / "tls.pem"
-    home.mkdir()
-    key = secrets.token_bytes(32)
-    secret.write_bytes(key)
-    bundle.write_bytes(tls.controller_bundle("agent-test"))
-    port_file = root / "port"
-    command = [sys.executable, server.__file__, "--home", str(home), "--key-file", str(secret),
-               "--listen", "127.0.0.1:0", "--port-file", str(port_file), "--tls-bundle", str(bundle)]  # fmt: skip
-    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
-    wait_until(port_file.exists, timeout=20, message="the agent to listen")
-    port = int(port_file.read_text())
-    ca = tls.ca_of(bundle.read_bytes())
-    yield AgentClient(AgentEndpoint(f"https://127.0.0.1:{port}", key.hex(), ca)), home, root
-    process.kill()
-    process.wait()
+    with agent_process(tmp_path_factory.mktemp("agent")) as started:
+        yield started
 
 
 def test_it_reads_tails_lists_and_writes_inside_the_home(agent):
@@ -387,3 +373,109 @@ def test_it_prunes_old_entries_of_a_folder_below_the_home_and_nothing_else(agent
     with pytest.raises(AgentRefused):
         client.prune("../", older_than=time.time())
     assert (home / "scans/new/result.json").exists()
+
+
+@pytest.fixture
+def store():
+    """A plain HTTP store that keeps each PUT (path with query, headers, body) and answers with an ETag,
+    or with the status in `answer` (mutable) when set."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    puts, answer = [], {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_PUT(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            puts.append((self.path, dict(self.headers), body))
+            status = answer.get("status", 200)
+            text = answer.get("text", "").encode()
+            self.send_response(status)
+            self.send_header("ETag", f'"etag-{len(puts)}"')
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", puts, answer
+    server.shutdown()
+    server.server_close()
+
+
+def test_it_sends_a_byte_range_of_a_home_file_to_a_part_url(agent, store):
+    client, home, _root = agent
+    url, puts, _answer = store
+    data = os.urandom(3 << 20)
+    (home / "runs/50/checkpoints/step-2").mkdir(parents=True)
+    (home / "runs/50/checkpoints/step-2/__0_0.distcp").write_bytes(data)
+    path = "runs/50/checkpoints/step-2/__0_0.distcp"
+    answer = client.upload(path, f"{url}/bucket/x?partNumber=2&uploadId=u1", offset=1 << 20, length=2 << 20,
+                           headers={"x-goog-meta-run": "50"})  # fmt: skip
+    assert answer == {"etag": '"etag-1"', "bytes": 2 << 20}
+    sent_path, headers, body = puts[0]
+    assert sent_path == "/bucket/x?partNumber=2&uploadId=u1" and body == data[1 << 20 :]
+    assert headers["x-goog-meta-run"] == "50"
+    assert client.upload(path, f"{url}/empty", offset=len(data), length=0)["bytes"] == 0  # an empty last part
+
+
+def test_mallory_cannot_have_a_root_file_sent_to_the_store_through_a_link(agent, store):
+    client, home, _root = agent
+    url, puts, _answer = store
+    secret = home / ".tcc/munge.key"  # root's, 0600: what her link aims at
+    secret.parent.mkdir(exist_ok=True)
+    secret.write_bytes(b"k" * 1024)
+    secret.chmod(0o600)
+    planted(home, "runs/51/checkpoints/step-9/__0_0.distcp", "../../../../.tcc/munge.key")
+    with pytest.raises(AgentRefused) as refused:
+        client.upload("runs/51/checkpoints/step-9/__0_0.distcp", f"{url}/b/o", offset=0, length=1024)
+    assert refused.value.status == 400 and "follows no link" in str(refused.value)
+    planted(home, "runs/52/checkpoints", "../../.tcc")  # a link higher up the path
+    with pytest.raises(AgentRefused, match="follows no link"):
+        client.upload("runs/52/checkpoints/munge.key", f"{url}/b/o", offset=0, length=1024)
+    assert puts == []
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"url": "file:///etc/shadow"}, "url must be an http(s) URL"),
+        ({"url": "gopher://127.0.0.1/x"}, "url must be an http(s) URL"),
+        ({"headers": {"X-Evil": "a\r\nHost: elsewhere"}}, "headers must map"),
+        ({"headers": {"Bad Name": "x"}}, "headers must map"),
+        ({"length": (5 << 30) + 1}, "length must be a whole number"),
+        ({"offset": -1}, "offset must be a whole number"),
+    ],
+)
+def test_mallory_gets_no_upload_off_its_checked_arguments(agent, store, arguments, message):
+    client, home, _root = agent
+    url, puts, _answer = store
+    (home / "runs/53").mkdir(parents=True, exist_ok=True)
+    (home / "runs/53/weights").write_bytes(b"w" * 64)
+    body = {"path": "runs/53/weights", "url": f"{url}/b/o", "offset": 0, "length": 64, **arguments}
+    with pytest.raises(AgentRefused) as refused:
+        client.call("upload", **body)
+    assert refused.value.status == 400 and message in str(refused.value)
+    assert puts == []
+
+
+def test_a_part_beyond_the_file_or_refused_by_the_store_is_an_error_that_keeps_the_url_secret(agent, store):
+    client, home, _root = agent
+    url, _puts, answer = store
+    (home / "runs/54").mkdir(parents=True, exist_ok=True)
+    (home / "runs/54/weights").write_bytes(b"w" * 100)
+    with pytest.raises(AgentRefused) as short:
+        client.upload("runs/54/weights", f"{url}/b/o", offset=50, length=51)
+    assert short.value.status == 409 and "holds 100 bytes" in str(short.value)
+    answer.update(status=403, text="<Error><Code>SignatureDoesNotMatch</Code></Error>")
+    signed = f"{url}/b/o?partNumber=1&X-Goog-Signature=5ec7e7"
+    with pytest.raises(AgentRefused) as refused:
+        client.upload("runs/54/weights", signed, offset=0, length=100)
+    assert refused.value.status == 502 and "answered 403" in str(refused.value)
+    assert "SignatureDoesNotMatch" in str(refused.value) and "5ec7e7" not in str(refused.value)
+    with pytest.raises(AgentRefused) as silent:
+        client.upload("runs/54/weights", "http://127.0.0.1:9/b/o?X-Goog-Signature=5ec7e7", offset=0, length=100)
+    assert silent.value.status == 502 and "did not answer" in str(silent.value) and "5ec7e7" not in str(silent.value)

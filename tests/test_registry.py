@@ -181,7 +181,7 @@ def test_a_delete_whose_agent_is_silent_tries_one_run_and_says_which_were_not_ke
                                status=RunStatus.COMPLETED) for i in range(3)]  # fmt: skip
     tried = []
 
-    def silent(run, final):
+    def silent(run, final, wait):
         tried.append(run.pk)
         raise Unavailable("the cluster agent does not answer")
 

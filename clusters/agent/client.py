@@ -8,6 +8,7 @@ agent.list("runs/7", "slurm-*.out") -> [names]
 agent.write("runs/7/config.json", b"...", mode=0o640)
 agent.write("models/x/v1.partial/model.safetensors", b"...", offset=4 << 20)  # appends a part
 agent.move("models/x/v1.partial", "models/x/v1")
+agent.upload("runs/7/checkpoints/step-9/__0_0.distcp", url, offset=0, length=128 << 20)  # -> {"etag", ...}
 agent.own("runs/7", "tcc-alice", "tcc-p-lab")     # the run's folder becomes the user's
 agent.prune("scans", older_than=1767225600)        # entries of the folder older than that go
 agent.account("tcc-alice-3", "tcc-p-lab-1")          # the user's account, in the group owning the home
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 
 from ..tls import context_for, unreachable
 from ..work import PermanentBackendError, TransientBackendError
+
+UPLOAD_WAIT = 900  # seconds for one part's upload: the agent answers when the store has the part
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class AgentClient:
     def __init__(self, endpoint, timeout=20):
         self.endpoint, self.timeout = endpoint, timeout
 
-    def call(self, operation, **body):
+    def call(self, operation, timeout=None, **body):
         request = urllib.request.Request(
             f"{self.endpoint.url.rstrip('/')}/v1/{operation}",
             data=json.dumps(body).encode(),
@@ -61,7 +64,8 @@ class AgentClient:
             headers={"Authorization": f"Bearer {self.endpoint.key}", "Content-Type": "application/json"},
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout, context=context_for(self.endpoint)) as response:
+            wait = timeout or self.timeout
+            with urllib.request.urlopen(request, timeout=wait, context=context_for(self.endpoint)) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             raise refusal(exc, operation) from None
@@ -114,6 +118,12 @@ class AgentClient:
     def write(self, path, data, mode=0o640, offset=0):
         body = {"path": path, "data": base64.b64encode(data).decode(), "mode": mode}
         return self.call("write", **body, **({"offset": offset} if offset else {}))
+
+    def upload(self, path, url, offset, length, headers=None):
+        """The agent PUTs the file's bytes [offset, offset + length) to `url` (a signed part URL); the
+        part's {"etag", "bytes"}. Waits as long as a part of up to 5 GiB may take."""
+        return self.call("upload", timeout=UPLOAD_WAIT, path=path, url=url, offset=offset, length=length,
+                         headers=headers or {})  # fmt: skip
 
     def move(self, path, to):
         return self.call("move", path=path, to=to)

@@ -21,6 +21,8 @@ one a user made first is refused (409), never used:
                                          (offset > 0: appends to a file of exactly that size, for a
                                           larger file written in parts into a folder that is then moved)
     move  {path, to}                     -> {moved}                            rename; refused if `to` exists
+    upload {path, url, offset, length, headers={}} -> {etag, bytes}           PUT that byte range to url: one part
+                                         of a multipart upload the registry's MLflow signed (5 GiB at most)
     own   {path, user, group?}           -> {owner, group}                     a run's folder becomes a user's
     prune {path, older_than}             -> {removed}                          entries of a folder older than a time
     account {user, group}                -> {user, group}                      a user's account in its project group
@@ -65,6 +67,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -72,6 +75,9 @@ MAX_READ = 4 << 20
 MAX_WRITE = 4 << 20
 MAX_BODY = 6 << 20
 MAX_NAMES = 1000
+MAX_PART = 5 << 30  # the largest part of a multipart upload (GCS's XML API and S3)
+UPLOAD_TIMEOUT = 120  # seconds a store may leave a part's connection silent
+HEADER_NAME = re.compile(r"[A-Za-z0-9-]{1,100}")
 TAIL_WINDOW = 256 << 10
 
 
@@ -215,6 +221,61 @@ def op_read(home, body):
         size = os.fstat(fd).st_size
         data = os.pread(fd, limit, offset)
     return {"data": base64.b64encode(data).decode(), "offset": offset, "size": size}
+
+
+def op_upload(home, body):
+    """PUT `length` bytes of the file from `offset` to `url`: one part of a multipart upload into the
+    registry's artifact store (a URL its MLflow server signed for that part alone; the console never
+    holds the bucket's credentials, and the bytes never pass through it). The file is read through the
+    same no-link walk as `read`; the URL's query is a credential: it is never logged or echoed."""
+    url = body.get("url")
+    target = urllib.parse.urlsplit(url) if isinstance(url, str) and len(url) <= 16384 else None
+    if target is None or target.scheme not in ("https", "http") or not target.hostname:
+        raise bad("url must be an http(s) URL")
+    headers = body.get("headers") or {}
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and HEADER_NAME.fullmatch(k) and not set("\r\n\0") & set(v)
+        for k, v in headers.items()
+    ):
+        raise bad("headers must map header names to single-line values")
+    offset = number(body, "offset", 0, 0, 1 << 62)
+    length = number(body, "length", 0, 0, MAX_PART)
+    with home.open_file(body.get("path")) as fd:
+        size = os.fstat(fd).st_size
+        if offset + length > size:
+            raise Refused(HTTPStatus.CONFLICT, f"{body['path']} holds {size} bytes, not {offset + length}")
+        status, etag, answer = put_range(target, headers, fd, offset, length)
+    if not 200 <= status < 300:
+        raise Refused(HTTPStatus.BAD_GATEWAY, f"the artifact store answered {status}: {answer}")
+    return {"etag": etag, "bytes": length}
+
+
+def put_range(target, headers, fd, offset, length):
+    """(status, ETag, the start of the answer's text) of a PUT of the file's bytes [offset, offset+length)."""
+    kind = http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
+    extra = {"context": ssl.create_default_context()} if target.scheme == "https" else {}
+    connection = kind(target.hostname, target.port, timeout=UPLOAD_TIMEOUT, **extra)
+    try:
+        connection.putrequest("PUT", target.path + (f"?{target.query}" if target.query else ""),
+                              skip_accept_encoding=True)  # fmt: skip
+        for name, value in headers.items():
+            connection.putheader(name, value)
+        connection.putheader("Content-Length", str(length))
+        connection.endheaders()
+        sent = 0
+        while sent < length:
+            chunk = os.pread(fd, min(1 << 20, length - sent), offset + sent)
+            if not chunk:
+                raise Refused(HTTPStatus.CONFLICT, "the file shrank while it was sent")
+            connection.send(chunk)
+            sent += len(chunk)
+        response = connection.getresponse()
+        text = response.read(2048).decode(errors="replace")
+        return response.status, response.getheader("ETag", ""), " ".join(text.split())[:300]
+    except OSError as exc:
+        raise Refused(HTTPStatus.BAD_GATEWAY, f"the artifact store did not answer: {exc.strerror or exc}") from None
+    finally:
+        connection.close()
 
 
 def op_tail(home, body):
@@ -699,7 +760,7 @@ def op_tensorboard(home, body, tensorboard):
 
 OPERATIONS = {"stat": op_stat, "read": op_read, "tail": op_tail, "list": op_list, "write": op_write,
               "own": op_own, "slurm": op_slurm, "account": op_account, "leave": op_leave, "prune": op_prune,
-              "move": op_move}  # fmt: skip
+              "move": op_move, "upload": op_upload}  # fmt: skip
 
 
 def handler_for(home, key, tensorboard=None, certificate=None):

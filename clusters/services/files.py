@@ -70,6 +70,14 @@ def prune_files(cluster, path, older_than):
     return agent_call(cluster, "prune", path, older_than)
 
 
+def upload_part(cluster, path, url, offset, length, headers=None):
+    """The cluster's agent sends the file's bytes [offset, offset + length) to `url`, a URL signed for one
+    part of a multipart upload into the registry's artifact store: the bytes go from the cluster to the
+    store, not through the console. The part's {"etag", "bytes"}; Conflict when the file is gone or
+    shorter, or the store refused the part."""
+    return agent_call(cluster, "upload", path, url, offset, length, headers=headers)
+
+
 PART = 4 << 20  # the agent's largest read and write
 
 

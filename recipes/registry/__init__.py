@@ -4,6 +4,8 @@ checkpoints and TensorBoard files, kept so that runs outlive their cluster (arch
 runs and serving call these functions."""
 
 from .archive import (
+    CopyBusy,
+    copy_checkpoint,
     download_tensorboard,
     keep,
     keep_files,
@@ -45,10 +47,12 @@ __all__ = [
     "ALIAS_RULE",
     "REF",
     "STAGE",
+    "CopyBusy",
     "RegistryUnavailable",
     "after_sync",
     "aliases",
     "client",
+    "copy_checkpoint",
     "delete_version",
     "download_tensorboard",
     "experiment_id",

@@ -47,12 +47,12 @@ def keep_runs(ctx):
                     f"Run {run.recipe_id} (job {run.slurm_job_id}) cancelled: the cluster is being deleted",
                     operation=ctx.operation,
                 )
-        if (run.archive or {}).get("final"):
+        if (run.archive or {}).get("final") and not (run.archive or {}).get("copying"):
             continue
         reason = unreachable
         if not reason:
             try:
-                registry.keep(run, final=True)
+                registry.keep(run, final=True, wait=True)
                 continue
             except registry.RegistryUnavailable as exc:
                 reason = exc.message
