@@ -1,6 +1,6 @@
 """A fake Cloud Storage endpoint for the registry's artifact store, as MLflow's GCS artifact repository
 (google-cloud-storage) and the cluster agent use it: an OAuth token endpoint for a service-account key,
-the JSON API's object calls (list, get, media download, multipart upload, delete), and the XML API's
+the JSON API's object calls (list, get, media download, multipart and resumable uploads, delete), and the XML API's
 multipart uploads with V4 signed part URLs. What Google refuses, it refuses, in Google's error shape:
 
 - a JSON API call without a token it issued: 401 (https://cloud.google.com/storage/docs/json_api/v1/status-codes);
@@ -35,6 +35,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+CHUNK = 256 << 10
 MIN_PART = 5 << 20
 MAX_PART = 5 << 30
 MAX_PARTS = 10_000
@@ -53,6 +54,7 @@ class FakeGCS:
         self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.tokens = set()
         self.objects = {}  # (bucket, name) -> bytes
+        self.sessions = {}  # resumable upload id -> {"bucket", "name", "data"}
         self.uploads = {}  # upload id -> {"bucket", "name", "parts": {number: (etag, bytes)}}
         self.part_puts = []  # (object name, part number, size) of each accepted part PUT
         self.lock = threading.Lock()
@@ -141,6 +143,37 @@ class FakeGCS:
         if len(parts) != 2:
             raise Refused(400, "invalid", "a multipart upload has a metadata part and a media part")
         return json.loads(parts[0].get_content()), parts[1].get_payload(decode=True)
+
+    def open_session(self, bucket, name):
+        session = secrets.token_hex(12)
+        with self.lock:
+            self.sessions[session] = {"bucket": bucket, "name": name, "data": bytearray()}
+        return session
+
+    def resume(self, session, content_range, data):
+        """(done, object resource or the Range header to answer 308 with) for one PUT of a resumable
+        upload: chunks in order, each but the last a multiple of 256 KiB
+        (https://cloud.google.com/storage/docs/performing-resumable-uploads#chunked-upload)."""
+        match = re.fullmatch(r"bytes (?:(\d+)-(\d+)|\*)/(\d+|\*)", content_range.strip())
+        with self.lock:
+            upload = self.sessions.get(session)
+            if upload is None:
+                raise Refused(404, "notFound", "No such upload session")
+            held = len(upload["data"])
+            if match is None:
+                raise Refused(400, "invalid", "Content-Range must be bytes FIRST-LAST/TOTAL or bytes */TOTAL")
+            if match[1] is not None:
+                if int(match[1]) != held or int(match[2]) - int(match[1]) + 1 != len(data):
+                    raise Refused(400, "invalid", f"the session holds {held} bytes; the chunk must start there")
+                if match[3] == "*" and len(data) % CHUNK:
+                    raise Refused(400, "invalid", "a chunk other than the last must be a multiple of 256 KiB")
+                upload["data"] += data
+            total = None if match[3] == "*" else int(match[3])
+            if total is not None and len(upload["data"]) == total:
+                del self.sessions[session]
+                self.objects[(upload["bucket"], upload["name"])] = bytes(upload["data"])
+                return True, self.resource(upload["bucket"], upload["name"])
+        return False, f"bytes=0-{len(upload['data']) - 1}" if upload["data"] else ""
 
     def initiate(self, bucket, name):
         upload = f"ABPnzm{secrets.token_hex(12)}"
@@ -283,9 +316,18 @@ class FakeGCS:
                 if match is None:
                     raise Refused(404, "notFound", "Not Found")
                 bucket, name = match[1], urllib.parse.unquote(match[2] or "")
+                if self.command == "POST" and path.startswith("/upload/") and query.get("uploadType") == "resumable":
+                    name = (json.loads(body) if body else {}).get("name") or query.get("name")
+                    location = f"{fake.url}{path}?uploadType=resumable&upload_id={fake.open_session(bucket, name)}"
+                    return self.send(200, b"", "application/json", {"Location": location})
+                if self.command == "PUT" and path.startswith("/upload/") and "upload_id" in query:
+                    done, answer = fake.resume(query["upload_id"], self.headers.get("Content-Range", ""), body)
+                    if done:
+                        return self.json(200, answer)
+                    return self.send(308, b"", "text/plain", {"Range": answer} if answer else {})
                 if self.command == "POST" and path.startswith("/upload/"):
                     if query.get("uploadType") != "multipart":
-                        raise Refused(400, "invalid", "the fake takes uploadType=multipart only")
+                        raise Refused(400, "invalid", "uploadType must be multipart or resumable")
                     metadata, data = fake.multipart_related(self.headers, body)
                     return self.json(200, fake.put_object(bucket, metadata.get("name") or query.get("name"), data))
                 if self.command == "GET" and not name:

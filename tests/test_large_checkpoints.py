@@ -8,6 +8,7 @@ import os
 import socket
 
 import pytest
+from django.conf import settings as django_settings
 
 from clusters.agent.client import AgentRefused
 from clusters.services import create_cluster
@@ -51,8 +52,8 @@ def cluster_agent(tmp_path_factory):
 @pytest.fixture
 def alices_run(settings, bucket_registry, cluster_agent, scripted, alpha, alice, monkeypatch):
     """alice's run on a cluster whose agent serves a scratch home; the console on the bucket registry, and a
-    console that carries at most 1 MiB itself. A read by the console of a checkpoint file over that fails
-    the test."""
+    console that carries at most 1 MiB itself. A read by the console of a checkpoint file over its limit
+    fails the test."""
     from clusters.services import files
 
     url, password = bucket_registry
@@ -69,7 +70,8 @@ def alices_run(settings, bucket_registry, cluster_agent, scripted, alpha, alice,
     read = files.read_file
 
     def console_read(cluster, path, **kwargs):
-        assert "checkpoints/" not in path or (home / path).stat().st_size <= MIB, f"the console read {path} itself"
+        limit = django_settings.RUN_ARCHIVE_MAX_BYTES
+        assert "checkpoints/" not in path or (home / path).stat().st_size <= limit, f"the console read {path} itself"
         return read(cluster, path, **kwargs)
 
     monkeypatch.setattr(files, "read_file", console_read)
@@ -103,6 +105,9 @@ def test_it_copies_a_checkpoint_over_the_limit_from_the_cluster_straight_into_th
     kept = archive.keep(run)
     assert kept["copying"]["step"] == 4 and kept["copying"]["bytes"] == 12 * MIB + 300 and "step" not in kept
     assert queued == [("copy_checkpoint", run.pk, 4)]  # its own task copies it
+    from celery import current_app
+
+    assert "recipes.tasks.copy_checkpoint" in current_app.tasks  # the name `later` sends
     assert archive.keep(run) == Run.objects.get(pk=run.pk).archive and len(queued) == 1  # not twice
 
     archive.copy_checkpoint(run.pk, 4)
@@ -290,3 +295,13 @@ def test_the_bucket_refuses_a_part_url_changed_after_signing_as_google_does(alic
     assert refused.value.status == 502 and "403" in str(refused.value) and "SignatureDoesNotMatch" in str(refused.value)
     assert agent.upload(path, created.credentials[0].url, 0, MIB)["etag"]  # as signed: taken
     repo.abort_multipart_upload("weights", created.upload_id, "checkpoints/step-1")
+
+
+@pytest.mark.django_db
+def test_a_checkpoint_under_the_limit_still_goes_through_the_console_into_the_bucket(alices_run, settings, tmp_path):
+    run, folder, queued = alices_run
+    settings.RUN_ARCHIVE_MAX_BYTES = 64 * MIB
+    written = saved(folder, 2, weights=10 * MIB, meta_dot_json=100)  # over 8 MiB: MLflow's resumable upload
+    kept = archive.keep(run)
+    assert kept["step"] == 2 and not kept.get("direct") and queued == []
+    assert registry_copy(run, 2, tmp_path) == written
