@@ -305,3 +305,29 @@ def test_a_checkpoint_under_the_limit_still_goes_through_the_console_into_the_bu
     kept = archive.keep(run)
     assert kept["step"] == 2 and not kept.get("direct") and queued == []
     assert registry_copy(run, 2, tmp_path) == written
+
+
+@pytest.mark.django_db
+def test_a_copy_its_deleted_cluster_could_not_finish_is_given_up_with_the_reason(alices_run, monkeypatch):
+    from types import SimpleNamespace
+
+    from console.errors import Unavailable
+    from recipes.registry import client, direct
+    from recipes.runs import keep
+
+    run, folder, _queued = alices_run
+    saved(folder, 9, a=6 * MIB, b=6 * MIB)
+    archive.keep(run)
+    send = direct.send_file
+
+    def agent_gone_at_b(cluster, repo, path, name, size, artifact_path, sent):
+        if name == "b":
+            raise Unavailable("the cluster agent does not answer")
+        return send(cluster, repo, path, name, size, artifact_path, sent)
+
+    monkeypatch.setattr(direct, "send_file", agent_gone_at_b)
+    keep.keep_runs(SimpleNamespace(cluster=run.cluster, operation=None, heartbeat=lambda detail="": None))
+    run.refresh_from_db()
+    assert run.archive["final"] and "copying" not in run.archive and "step" not in run.archive
+    assert run.archive["skipped"].endswith("the cluster agent does not answer")
+    assert client().list_artifacts(run.mlflow_run_id, "checkpoints") == []  # a's part is not left behind

@@ -62,6 +62,9 @@ def keep_runs(ctx):
                 reason = exc.message
         archive = {**(run.archive or {}), "final": True}
         archive.setdefault("skipped", f"it was not kept before its cluster was deleted: {reason}")
+        copying = archive.pop("copying", None)  # a large checkpoint's copy cannot go on without its cluster
+        if copying and run.mlflow_run_id:
+            registry.forget(run.mlflow_run_id, copying["step"])  # the files it had sent (best effort)
         Run.objects.filter(pk=run.pk).update(archive=archive)
         lost.append((run, reason))
     if lost:
