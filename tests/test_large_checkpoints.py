@@ -91,6 +91,21 @@ def saved(folder, step, **sizes):
     return written
 
 
+def failing_at(file, error, monkeypatch):
+    """direct.send_file raises `error` when it comes to the checkpoint's file `file`; the real one, returned."""
+    from recipes.registry import direct
+
+    send = direct.send_file
+
+    def failing(cluster, repo, path, name, size, artifact_path, sent):
+        if name == file:
+            raise error
+        return send(cluster, repo, path, name, size, artifact_path, sent)
+
+    monkeypatch.setattr(direct, "send_file", failing)
+    return send
+
+
 def registry_copy(run, step, target):
     from recipes.registry import client
 
@@ -147,14 +162,7 @@ def test_an_interrupted_copy_goes_on_from_the_file_where_it_stopped(alices_run, 
     run, folder, _queued = alices_run
     written = saved(folder, 6, a=6 * MIB, b=6 * MIB)
     archive.keep(run)
-    send = direct.send_file
-
-    def out_of_time_at_b(cluster, repo, path, name, size, artifact_path, sent):
-        if name == "b":
-            raise SoftTimeLimitExceeded()
-        return send(cluster, repo, path, name, size, artifact_path, sent)
-
-    monkeypatch.setattr(direct, "send_file", out_of_time_at_b)
+    send = failing_at("b", SoftTimeLimitExceeded(), monkeypatch)
     with pytest.raises(SoftTimeLimitExceeded):
         archive.copy_checkpoint(run.pk, 6)  # the task's time limit: it retries
     run.refresh_from_db()
@@ -173,19 +181,12 @@ def test_an_interrupted_copy_goes_on_from_the_file_where_it_stopped(alices_run, 
 
 @pytest.mark.django_db
 def test_a_checkpoint_that_goes_while_it_is_copied_is_given_up_and_nothing_half_made_stays(alices_run, monkeypatch):
-    from recipes.registry import client, direct
+    from recipes.registry import client
 
     run, folder, _queued = alices_run
     saved(folder, 3, a=6 * MIB, b=6 * MIB)
     archive.keep(run)
-    send = direct.send_file
-
-    def removed_at_b(cluster, repo, path, name, size, artifact_path, sent):
-        if name == "b":
-            raise Conflict("no such file: b")  # train.py removed the older of its two checkpoints
-        return send(cluster, repo, path, name, size, artifact_path, sent)
-
-    monkeypatch.setattr(direct, "send_file", removed_at_b)
+    failing_at("b", Conflict("no such file: b"), monkeypatch)  # train.py removed the older of its two
     archive.copy_checkpoint(run.pk, 3)
     run.refresh_from_db()
     assert "copying" not in run.archive and "step" not in run.archive
@@ -312,20 +313,13 @@ def test_a_copy_its_deleted_cluster_could_not_finish_is_given_up_with_the_reason
     from types import SimpleNamespace
 
     from console.errors import Unavailable
-    from recipes.registry import client, direct
+    from recipes.registry import client
     from recipes.runs import keep
 
     run, folder, _queued = alices_run
     saved(folder, 9, a=6 * MIB, b=6 * MIB)
     archive.keep(run)
-    send = direct.send_file
-
-    def agent_gone_at_b(cluster, repo, path, name, size, artifact_path, sent):
-        if name == "b":
-            raise Unavailable("the cluster agent does not answer")
-        return send(cluster, repo, path, name, size, artifact_path, sent)
-
-    monkeypatch.setattr(direct, "send_file", agent_gone_at_b)
+    failing_at("b", Unavailable("the cluster agent does not answer"), monkeypatch)
     keep.keep_runs(SimpleNamespace(cluster=run.cluster, operation=None, heartbeat=lambda detail="": None))
     run.refresh_from_db()
     assert run.archive["final"] and "copying" not in run.archive and "step" not in run.archive
