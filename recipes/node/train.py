@@ -560,6 +560,8 @@ def train(config):
         if config.get("export_model", True):
             export(config, checkpoints / f"step-{step}", out / "model", step=step, final_loss=result["final_loss"])
         (out / "result.json").write_text(json.dumps(result))
+    if world > 1:
+        leave()  # before this function's locals (the sharded model, its device mesh) are freed: see train_rl
     return world
 
 
@@ -855,8 +857,7 @@ def main(argv=None):
     if config["kind"] == "rl":
         train_rl(config)  # a rank of several leaves from inside (it does not return)
         return
-    if train(config) > 1:
-        leave()
+    train(config)  # a rank of several leaves from inside (it does not return)
 
 
 if __name__ == "__main__":
