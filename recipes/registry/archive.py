@@ -41,7 +41,7 @@ from console.errors import Conflict, ConsoleError
 from ..models import Run
 from ..queue import later
 from . import direct
-from .versions import RegistryUnavailable, answering, beating, client, mlflow_run, stage_folder
+from .versions import RegistryUnavailable, answering, artifacts, beating, client, mlflow_run, stage_folder
 
 log = logging.getLogger(__name__)
 GOING = (ClusterStatus.DELETING, ClusterStatus.DELETED)
@@ -132,8 +132,7 @@ def keep_checkpoint(run, run_id, step, archive, temporary):
             why = f"over RUN_ARCHIVE_DIRECT_MAX_BYTES ({gib(settings.RUN_ARCHIVE_DIRECT_MAX_BYTES)})"
         else:
             try:
-                with answering("find the run's artifact store"):
-                    direct.repository(client(), run_id)
+                direct.repository(client(), run_id)
                 for each in files.values():
                     direct.part_size(each)
             except direct.NotDirect as exc:
@@ -303,39 +302,39 @@ def stalled(copying):
 
 
 def copied_share(run):
-    copying = run.archive.get("copying") or {}
-    return f"{100 * copying.get('sent', 0) // max(copying.get('bytes', 1), 1)}% of {gib(copying.get('bytes', 0))}"
+    copy = run.checkpoint_copy
+    return f"{copy['percent']}% of {gib(copy['bytes'])}"
 
 
 def record(run, archive, started=False):
     """Store the archive unless another worker kept a newer checkpoint meanwhile (then theirs stands,
     with our TensorBoard copy); the copy under way stays as its task recorded it, unless this call
     `started` one. Returns what is stored."""
-    with transaction.atomic():
-        stored = Run.objects.select_for_update().get(pk=run.pk).archive or {}
-        if stored.get("step", -1) > archive.get("step", -1):
-            archive = {**archive, **{k: stored[k] for k in ("step", "bytes", "direct") if k in stored}}
+
+    def merge(stored):
+        ours = dict(archive)
+        if stored.get("step", -1) > ours.get("step", -1):
+            ours.update({k: stored[k] for k in ("step", "bytes", "direct") if k in stored})
             if not stored.get("direct"):
-                archive.pop("direct", None)
+                ours.pop("direct", None)
         if not started:
-            archive.pop("copying", None)
+            ours.pop("copying", None)
             if "copying" in stored:
-                archive["copying"] = stored["copying"]
-        if archive.get("copying", {}).get("step", -1) <= archive.get("step", -1):
-            archive.pop("copying", None)  # a newer checkpoint was kept: the older one's copy stops
-        Run.objects.filter(pk=run.pk).update(archive=archive)
-    run.archive = archive
-    return archive
+                ours["copying"] = stored["copying"]
+        if ours.get("copying", {}).get("step", -1) <= ours.get("step", -1):
+            ours.pop("copying", None)  # a newer checkpoint was kept: the older one's copy stops
+        stored.clear()
+        stored.update(ours)
+
+    change_archive(run, merge, only_if=lambda stored: True)
+    return run.archive
 
 
 def forget(run_id, step):
     """Delete a replaced checkpoint from the run's artifacts (best effort: a leftover costs storage only)."""
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-
     try:
         with answering("delete a replaced checkpoint"):
-            uri = client().get_run(run_id).info.artifact_uri
-            repository = get_artifact_repository(uri, tracking_uri=settings.MLFLOW_TRACKING_URI)  # not MLflow's global
+            _uri, repository = artifacts(client(), run_id)
             repository.delete_artifacts(f"checkpoints/step-{step}")
     except ConsoleError as exc:
         log.warning("run %s: the replaced checkpoint step-%s stays in the registry: %s", run_id, step, exc)

@@ -24,7 +24,7 @@ from django.conf import settings
 from clusters import services as clusters
 from console.errors import ConsoleError
 
-from .versions import answering
+from .versions import answering, artifacts
 
 log = logging.getLogger(__name__)
 MIN_PART = 5 << 20
@@ -39,11 +39,9 @@ class NotDirect(ConsoleError):
 def repository(mlflow, run_id):
     """The MLflow artifact repository of the run, when it takes multipart uploads; NotDirect otherwise."""
     from mlflow.store.artifact.artifact_repo import MultipartUploadMixin
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
     with answering("find the run's artifact store"):
-        uri = mlflow.get_run(run_id).info.artifact_uri
-        repo = get_artifact_repository(uri, tracking_uri=settings.MLFLOW_TRACKING_URI)  # not MLflow's global
+        uri, repo = artifacts(mlflow, run_id)
     if not isinstance(repo, MultipartUploadMixin):
         raise NotDirect(f"the registry's artifact store ({uri.split(':', 1)[0]}) takes no multipart uploads")
     return repo
@@ -70,9 +68,7 @@ def send_file(cluster, repo, path, name, size, artifact_path, sent):
     try:
         with answering(f"open an upload of {name}"):
             created = repo.create_multipart_upload(name, count, artifact_path)
-    except _UnsupportedMultipartUploadException:
-        raise NotDirect("the registry's artifact store takes no multipart uploads") from None
-    except ConsoleError as exc:
+    except ConsoleError as exc:  # answering's: MLflow's "unsupported" (its own or its server's) among them
         if _UnsupportedMultipartUploadException.MESSAGE in exc.message:
             raise NotDirect("the registry's artifact store takes no multipart uploads") from None
         raise

@@ -62,6 +62,15 @@ def client():
     return MlflowClient(tracking_uri=settings.MLFLOW_TRACKING_URI, registry_uri=settings.MLFLOW_TRACKING_URI)
 
 
+def artifacts(mlflow, run_id):
+    """(artifact URI, MLflow artifact repository) of the run, for this console's tracking server (not
+    MLflow's global one). Callers wrap it in answering()."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    uri = mlflow.get_run(run_id).info.artifact_uri
+    return uri, get_artifact_repository(uri, tracking_uri=settings.MLFLOW_TRACKING_URI)
+
+
 def sign_in():
     """The console's registry credentials where MLflow's client reads them (its environment variables):
     the embedded server's password file (scripts/mlflow.sh writes it), read on every call, since a
