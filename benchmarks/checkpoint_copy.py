@@ -10,7 +10,6 @@ Usage: .venv/bin/python benchmarks/checkpoint_copy.py [MiB, default 256] [part M
 """
 
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -21,15 +20,10 @@ from _setup import WORK, scratch_django
 scratch_django()
 
 from tests.conftest import agent_process, mlflow_process  # noqa: E402
+from tests.factories import free_port  # noqa: E402
 from tests.fake_gcs import FakeGCS  # noqa: E402
 
 MIB = 1 << 20
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def main():

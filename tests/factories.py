@@ -3,6 +3,7 @@ and endpoint tests, the secret-leak check, the v1beta1 create, and waits on oper
 Test modules import these, never each other."""
 
 import json
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -139,3 +140,10 @@ def start_step_by_step(page, live_server, cluster_id="steps"):
     form.get_by_label("Cluster id").fill(cluster_id)
     form.get_by_role("button", name="Start").click()
     page.wait_for_url(f"**/clusters/alpha/{cluster_id}/wizard/basics/")
+
+
+def free_port():
+    """A port on 127.0.0.1 nothing listens on (bound, then let go: a connection there is refused)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -17,17 +17,12 @@ from clusters.models import Cluster, Operation
 from clusters.operations import tasks
 
 from .conftest import Worker, scripted_spec, wait_until
+from .factories import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 API = "/api/v1/projects/alpha/clusters/"
 COMPAT = "/v1beta1/projects/alpha/locations/us-central1/modelDevelopmentClusters"
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PrivateRedis:

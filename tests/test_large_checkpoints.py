@@ -5,7 +5,6 @@ The checkpoint then comes back through MLflow byte for byte, and its bytes never
 console. Persona: alice's run on her cluster saves a checkpoint larger than the console copies itself."""
 
 import os
-import socket
 
 import pytest
 from django.conf import settings as django_settings
@@ -17,6 +16,7 @@ from recipes.models import Run, RunStatus
 from recipes.registry import archive
 
 from .conftest import agent_process, mlflow_process, provisioned, scripted_spec
+from .factories import free_port
 from .fake_gcs import FakeGCS
 
 MIB = 1 << 20
@@ -34,9 +34,7 @@ def bucket_registry(gcs, tmp_path_factory):
     """MLflow as production runs it with a bucket: --artifacts-destination gs://..., a service-account key."""
     root = tmp_path_factory.mktemp("bucket-registry")
     key = gcs.key_file(root / "mlflow-sa.json")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     environment = {"MLFLOW_ARTIFACTS_DESTINATION": "gs://tcc-models/mlflow", "API_ENDPOINT_OVERRIDE": gcs.url,
                    "GOOGLE_APPLICATION_CREDENTIALS": str(key), "GOOGLE_CLOUD_PROJECT": "tcc-tests"}  # fmt: skip
     with mlflow_process(root / "mlflow", port, **environment) as url:

@@ -18,7 +18,7 @@ from console.models import APIToken
 from recipes.serving import router as routing
 
 from .conftest import REPLICA_TOKEN
-from .factories import call
+from .factories import call, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,12 +37,6 @@ class Dying(threading.Thread):
             connection.recv(65536)
             self.requests += 1
             connection.close()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed again: a connection there is refused
 
 
 async def start_with(router, app, alpha, replicas):
