@@ -235,6 +235,8 @@ class Endpoint(models.Model):
     # The version whose roll failed (FAILED) and why: not tried again until the endpoint is changed.
     failed_version = models.ForeignKey(ModelVersion, models.SET_NULL, null=True, blank=True, related_name="+")
     failure = models.CharField(max_length=300, blank=True)
+    # Replicas serving when the current roll began: it keeps at least min(this, desired) serving.
+    roll_serving = models.PositiveIntegerField(null=True, blank=True)
     # The STAGE operation copying the wanted version onto the cluster (recipes/registry/staging.py).
     staging = models.ForeignKey("clusters.Operation", models.SET_NULL, null=True, blank=True, related_name="+")
     last_scaled = models.DateTimeField(null=True, blank=True)

@@ -879,6 +879,78 @@ def test_a_roll_whose_new_replica_never_serves_fails_keeps_the_old_serving_and_w
 
 
 @pytest.mark.django_db
+def test_a_roll_onto_a_full_cluster_drains_an_old_replica_for_each_new_one_ready(scripted, alpha, alice, monkeypatch):
+    """CI: the endpoint scaled up to 2 while rolling onto a two-node cluster; v2's first replica was ready,
+    its second waited in Slurm for the node v1's replica held, and v1 was drained only once both v2
+    replicas were ready: never. Now each new replica ready lets one old one go, and as many serve as
+    before the roll at every step."""
+    from django.utils import timezone
+
+    from clusters import services
+    from clusters.models import Cluster
+    from clusters.operations import engine
+    from clusters.slurm.states import JobStatus
+    from console.errors import ConsoleError
+    from recipes.models import ModelVersion
+    from recipes.serving import reconcile
+
+    from .conftest import scripted_spec
+
+    engine.run(services.create_cluster(project=alpha, name="ok", spec=scripted_spec(cpu=2), user=alice).pk)
+    v1, v2 = (ModelVersion.objects.create(project=alpha, name="llama", version=n, family="llama", checkpoint="x",
+                                          step=n) for n in (1, 2))  # fmt: skip
+    serving = Saying()
+    serving.said["/health"] = json.dumps({"status": "ok", "in_flight": 0})
+    serving.start()
+    started = submitting(monkeypatch)
+    monkeypatch.setattr(sys.modules["recipes.serving.reconcile"], "staged_for", lambda endpoint, want: "models/x")
+    # No announce file: a new replica waits in Slurm's queue until marked ready below.
+    monkeypatch.setattr(services, "read_file", lambda cluster, path: (_ for _ in ()).throw(ConsoleError("no file")))
+    running = JobStatus(job_id=1, name="serve", user="alice", state="RUNNING", partition="cpu", node_count=1,
+                        nodes="cpu-0")  # fmt: skip
+    scripted.job_status = lambda cluster, job_id: running
+
+    def rolled(old_replicas, desired):
+        Endpoint.objects.all().delete()
+        endpoint = Endpoint.objects.create(project=alpha, cluster=Cluster.objects.get(name="ok"), name="chat",
+                                           model_name="llama", version=2, serving=v1, status=EndpointStatus.READY,
+                                           min_replicas=1, max_replicas=desired, desired_replicas=desired)  # fmt: skip
+        for n in range(old_replicas):
+            Replica.objects.create(endpoint=endpoint, version=v1, version_ref=v1.ref, slurm_job_id=70 + n,
+                                   host="127.0.0.1", port=serving.port, state=ReplicaState.READY,
+                                   ready_at=timezone.now())  # fmt: skip
+        started.clear()
+        reconcile(Endpoint.objects.get(pk=endpoint.pk))
+        assert len(started) == desired and all(r.version == v2 for r in started)
+        return endpoint
+
+    def ready(replica):
+        Replica.objects.filter(pk=replica.pk).update(state=ReplicaState.READY, ready_at=timezone.now(),
+                                                     host="127.0.0.1", port=serving.port)  # fmt: skip
+
+    def serving_now(endpoint):
+        reconcile(Endpoint.objects.get(pk=endpoint.pk))
+        return sorted(r.version_ref for r in endpoint.replicas.filter(state=ReplicaState.READY))
+
+    # CI's case: one v1 replica, two v2 wanted, the second cannot start until v1's node is free.
+    endpoint = rolled(old_replicas=1, desired=2)
+    assert serving_now(endpoint) == ["llama:v1"]  # nothing of v2 serves yet: v1 stays
+    ready(started[0])
+    assert serving_now(endpoint) == ["llama:v2"]
+    assert any(m.endswith("draining: replaced by llama:v2") for m in events(endpoint))
+
+    # Two of v1, two of v2 wanted: one goes as each new one is ready, two serve throughout.
+    endpoint = rolled(old_replicas=2, desired=2)
+    ready(started[0])
+    assert serving_now(endpoint) == ["llama:v1", "llama:v2"]
+    assert serving_now(endpoint) == ["llama:v1", "llama:v2"]  # and stays so while the second starts
+    ready(started[1])
+    assert serving_now(endpoint) == ["llama:v2", "llama:v2"]
+    serving.server.shutdown()
+    serving.server.server_close()
+
+
+@pytest.mark.django_db
 def test_each_endpoint_gets_a_round_of_its_own_and_two_never_drive_it_at_once(scripted, alpha, alice, monkeypatch,
                                                                               settings, redis_broker):  # fmt: skip
     """One task reconciled every endpoint in turn: a slow one (probes of 2 s per replica) held up the rest

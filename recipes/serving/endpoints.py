@@ -13,7 +13,8 @@ idempotently:
                 (up to max); no request for
                 ENDPOINT_SCALE_DOWN_IDLE_SECONDS -> one fewer (down to min); a cooldown between moves
     roll        the version wanted (the alias resolved in MLflow) differs from the replicas' -> start
-                `desired` replicas of it; once they all answer /health, drain the old ones. A new
+                `desired` replicas of it; each that answers /health lets one old one drain (as many
+                serve as before the roll, never fewer, so a full cluster makes room as it goes). A new
                 replica that never serves (its job ends, or ENDPOINT_START_SECONDS pass) fails the
                 roll: FAILED, the old replicas keep serving, nothing is retried until the endpoint is
                 changed (an empty PATCH, or Retry on its page)

@@ -41,8 +41,10 @@ def reconcile(endpoint):
     if endpoint.serving_id != want.pk:
         if endpoint.serving_id is not None:
             event(endpoint, f"Rolling to {want.ref} ({endpoint.target} moved): new replicas first, then the old drain")
-        Endpoint.objects.filter(pk=endpoint.pk).update(serving=want, failed_version=None, failure="")
-        endpoint.serving, endpoint.failed_version_id = want, None
+        serving = sum(r.state == ReplicaState.READY for r in running)
+        Endpoint.objects.filter(pk=endpoint.pk).update(serving=want, failed_version=None, failure="",
+                                                       roll_serving=serving)  # fmt: skip
+        endpoint.serving, endpoint.failed_version_id, endpoint.roll_serving = want, None, serving
     if endpoint.failed_version_id == want.pk:  # held until told to try again: what runs keeps running
         finish_drains(endpoint, now)
         return
@@ -70,15 +72,26 @@ def reconcile(endpoint):
     surplus = len(current) - endpoint.desired_replicas
     for replica in sorted(current, key=lambda r: (r.state == ReplicaState.READY, r.pk))[: max(0, surplus)]:
         drain(replica, f"scaled down to {endpoint.desired_replicas}")
-    if old and ready and len(ready) >= min(endpoint.desired_replicas, len(current)):  # never to none
-        for replica in old:
-            drain(replica, f"replaced by {want.ref}")
+    before = endpoint.desired_replicas if endpoint.roll_serving is None else endpoint.roll_serving
+    for replica in replaced(old, ready, keep=min(endpoint.desired_replicas, before)):
+        drain(replica, f"replaced by {want.ref}")
     finish_drains(endpoint, now)
     routed = endpoint.replicas.filter(state=ReplicaState.READY)
     status = (EndpointStatus.ROLLING if routed.exclude(version=want).exists() else EndpointStatus.READY) if (
         routed.exists()) else EndpointStatus.STARTING  # fmt: skip
     if status != endpoint.status:
         endpoint.set_status(status, expected=EndpointStatus.live())
+
+
+def replaced(old, ready, keep):
+    """The old version's replicas a roll drains now: as many as `keep` serve without them (those not yet
+    serving go first), never all to none. `keep` is what served when the roll began (fewer if the endpoint
+    scaled down since). Waiting for every new replica the endpoint wants stalled a roll onto a full
+    cluster: a scale-up during the roll asked for a replica that could start only where an old one ran."""
+    if not ready:
+        return []
+    needed = max(0, keep - len(ready))
+    return sorted(old, key=lambda r: (r.state == ReplicaState.READY, r.pk))[: max(0, len(old) - needed)]
 
 
 def finish_drains(endpoint, now):
