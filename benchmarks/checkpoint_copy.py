@@ -61,25 +61,28 @@ def main():
             mlflow.log_artifact(run.run_id, str(target), "through-console")
         through = time.perf_counter() - started_at
 
-        started_at = time.perf_counter()
         count = -(-size // part)
-        created = repo.create_multipart_upload("weights", count, "direct")
-        parts = []
-        for credential in created.credentials:
-            offset = (credential.part_number - 1) * part
-            answer = agent.upload(path, credential.url, offset, min(part, size - offset))
-            parts.append(MultipartUploadPart(part_number=credential.part_number, etag=answer["etag"]))
-        repo.complete_multipart_upload("weights", created.upload_id, parts, "direct")
-        direct = time.perf_counter() - started_at
+        direct = {}
+        for at_once in (1, 4):  # recipes/registry/direct.py's calls, RUN_ARCHIVE_PARALLEL_PARTS at once
+            started_at = time.perf_counter()
+            created = repo.create_multipart_upload("weights", count, f"direct-{at_once}")
+            todo = [(c.part_number, c.url, (c.part_number - 1) * part, min(part, size - (c.part_number - 1) * part),
+                     {}) for c in created.credentials]  # fmt: skip
+            parts = sorted((MultipartUploadPart(part_number=number, etag=answer["etag"])
+                            for number, answer in agent.uploads(path, todo, at_once)),
+                           key=lambda p: p.part_number)  # fmt: skip
+            repo.complete_multipart_upload("weights", created.upload_id, parts, f"direct-{at_once}")
+            direct[at_once] = time.perf_counter() - started_at
 
         stored = {name: len(data) for (_bucket, name), data in gcs.objects.items()}
-        assert sorted(stored.values()) == [size, size], stored
+        assert sorted(stored.values()) == [size, size, size], stored
     gcs.stop()
     print(f"{size // MIB} MiB checkpoint file into the bucket, on this machine ({os.cpu_count()} CPUs):")
     print(f"  through the console: {through:6.1f} s  {size / through / 1e6:7.1f} MB/s  "
           f"(console process handled {2 * size // MIB} MiB: read from the agent, sent to MLflow)")  # fmt: skip
-    print(f"  straight from agent: {direct:6.1f} s  {size / direct / 1e6:7.1f} MB/s  "
-          f"({count} parts of {part // MIB} MiB; console process handled 0 bytes)")  # fmt: skip
+    for at_once, seconds in direct.items():
+        print(f"  straight from agent: {seconds:6.1f} s  {size / seconds / 1e6:7.1f} MB/s  ({count} parts of "
+              f"{part // MIB} MiB, {at_once} at once; console process handled 0 bytes)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -376,6 +376,10 @@ RUN_ARCHIVE_MAX_BYTES = envint("RUN_ARCHIVE_MAX_BYTES", 4 << 30)
 # with AdamW's two moments: 12 bytes a parameter, about 4.9 TB), in parts of RUN_ARCHIVE_PART_BYTES.
 RUN_ARCHIVE_DIRECT_MAX_BYTES = envint("RUN_ARCHIVE_DIRECT_MAX_BYTES", 8 << 40)
 RUN_ARCHIVE_PART_BYTES = envint("RUN_ARCHIVE_PART_BYTES", 128 << 20)
+# Parts of one file the cluster agent sends at once (one stream to Cloud Storage carries far less than a
+# controller's NIC: its docs advise parallel parts for large objects,
+# https://cloud.google.com/storage/docs/multipart-uploads).
+RUN_ARCHIVE_PARALLEL_PARTS = envint("RUN_ARCHIVE_PARALLEL_PARTS", 4)
 
 CLUSTER_BACKENDS = {
     "local": "clusters.backends.local.LocalBackend",

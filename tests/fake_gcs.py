@@ -14,10 +14,12 @@ multipart uploads with V4 signed part URLs. What Google refuses, it refuses, in 
     gcs = FakeGCS(); gcs.start(); gcs.key_file(path)   # a service-account JSON key whose token_uri is the fake
     ... API_ENDPOINT_OVERRIDE=gcs.url GOOGLE_APPLICATION_CREDENTIALS=path in the client's environment
     gcs.objects[("bucket", "name")] -> bytes; gcs.part_puts -> [(name, part number, bytes)]
+    gcs.hold_parts = 3  # each part PUT waits (at most 5 s) until 3 are under way; gcs.most_parts_in_flight
 """
 
 import base64
 import binascii
+import contextlib
 import datetime
 import hashlib
 import json
@@ -58,6 +60,9 @@ class FakeGCS:
         self.uploads = {}  # upload id -> {"bucket", "name", "parts": {number: (etag, bytes)}}
         self.part_puts = []  # (object name, part number, size) of each accepted part PUT
         self.lock = threading.Lock()
+        # Part PUTs under way at once, the most seen, and (a test's) how many each waits for (at most 5 s).
+        self.parts_in_flight = self.most_parts_in_flight = self.hold_parts = 0
+        self.flight = threading.Condition()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -186,6 +191,19 @@ class FakeGCS:
         if upload is None or (upload["bucket"], upload["name"]) != (bucket, name):
             raise Refused(404, "NoSuchUpload", "The requested upload was not found.")
         return upload
+
+    @contextlib.contextmanager
+    def in_flight(self):
+        with self.flight:
+            self.parts_in_flight += 1
+            self.most_parts_in_flight = max(self.most_parts_in_flight, self.parts_in_flight)
+            self.flight.notify_all()
+            self.flight.wait_for(lambda: self.parts_in_flight >= self.hold_parts, timeout=5)
+        try:
+            yield
+        finally:
+            with self.flight:
+                self.parts_in_flight -= 1
 
     def put_part(self, bucket, name, query, data):
         try:
@@ -356,7 +374,8 @@ class FakeGCS:
                     return self.send(200, fake.initiate(bucket, name), "application/xml")
                 if self.command == "PUT" and "partNumber" in query:
                     fake.check_signature("PUT", path, raw_query, self.headers.get("Host", ""))
-                    etag = fake.put_part(bucket, name, query, body)
+                    with fake.in_flight():
+                        etag = fake.put_part(bucket, name, query, body)
                     return self.send(200, b"", "text/plain", {"ETag": etag})
                 if self.command == "POST" and "uploadId" in query:
                     return self.send(200, fake.complete(bucket, name, query, body), "application/xml")

@@ -112,8 +112,13 @@ def registry_copy(run, step, target):
 
 
 @pytest.mark.django_db
-def test_it_copies_a_checkpoint_over_the_limit_from_the_cluster_straight_into_the_bucket(alices_run, gcs, tmp_path):
+def test_it_copies_a_checkpoint_over_the_limit_from_the_cluster_straight_into_the_bucket(
+    alices_run, gcs, tmp_path, settings, monkeypatch
+):
     run, folder, queued = alices_run
+    settings.RUN_ARCHIVE_PARALLEL_PARTS = 3
+    monkeypatch.setattr(gcs, "hold_parts", 3)  # a part waits for the others: one at a time would take 3 x 5 s
+    gcs.most_parts_in_flight = 0
     written = saved(folder, 4, __0_0_dot_distcp=12 * MIB, meta_dot_json=300)
     kept = archive.keep(run)
     assert kept["copying"]["step"] == 4 and kept["copying"]["bytes"] == 12 * MIB + 300 and "step" not in kept
@@ -129,7 +134,8 @@ def test_it_copies_a_checkpoint_over_the_limit_from_the_cluster_straight_into_th
     assert "copying" not in run.archive
     parts = [(number, size) for name, number, size in gcs.part_puts if name.endswith(f"{run.mlflow_run_id}/artifacts/"
              "checkpoints/step-4/__0_0.distcp")]  # fmt: skip
-    assert parts == [(1, 5 * MIB), (2, 5 * MIB), (3, 2 * MIB)]  # 5 MiB parts, the last smaller
+    assert sorted(parts) == [(1, 5 * MIB), (2, 5 * MIB), (3, 2 * MIB)]  # 5 MiB parts, the last smaller
+    assert gcs.most_parts_in_flight == 3  # all three under way at once
     assert registry_copy(run, 4, tmp_path) == written  # byte for byte, through MLflow
 
 

@@ -9,6 +9,7 @@ agent.write("runs/7/config.json", b"...", mode=0o640)
 agent.write("models/x/v1.partial/model.safetensors", b"...", offset=4 << 20)  # appends a part
 agent.move("models/x/v1.partial", "models/x/v1")
 agent.upload("runs/7/checkpoints/step-9/__0_0.distcp", url, offset=0, length=128 << 20)  # -> {"etag", ...}
+agent.uploads("runs/7/...", [(1, url1, 0, n, {}), (2, url2, n, n, {})], at_once=4)  # -> (1, {...}), (2, ...)
 agent.own("runs/7", "tcc-alice", "tcc-p-lab")     # the run's folder becomes the user's
 agent.prune("scans", older_than=1767225600)        # entries of the folder older than that go
 agent.account("tcc-alice-3", "tcc-p-lab-1")          # the user's account, in the group owning the home
@@ -20,6 +21,7 @@ import base64
 import json
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from ..tls import context_for, unreachable
@@ -124,6 +126,19 @@ class AgentClient:
         part's {"etag", "bytes"}. Waits as long as a part of up to 5 GiB may take."""
         return self.call("upload", timeout=UPLOAD_WAIT, path=path, url=url, offset=offset, length=length,
                          headers=headers or {})  # fmt: skip
+
+    def uploads(self, path, parts, at_once=1):
+        """upload() for each of `parts` ((key, url, offset, length, headers)), `at_once` in flight at a time
+        (the agent serves each call in a thread of its own); yields (key, answer) as each ends. The first
+        error is raised: parts not yet begun are dropped, those under way end on their own."""
+        pool = ThreadPoolExecutor(max_workers=max(1, at_once), thread_name_prefix="upload-part")
+        try:
+            sending = {pool.submit(self.upload, path, url, offset, length, headers): key
+                       for key, url, offset, length, headers in parts}  # fmt: skip
+            for done in as_completed(sending):
+                yield sending[done], done.result()
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def move(self, path, to):
         return self.call("move", path=path, to=to)

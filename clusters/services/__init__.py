@@ -22,7 +22,7 @@ from .files import (
     tail_file,
     tensorboard_request,
     upload_folder,
-    upload_part,
+    upload_parts,
     write_file,
 )
 from .live import job_filters, jobs_of, node_state_counts, nodes_of, sync_state, with_latest_operations
@@ -111,7 +111,7 @@ __all__ = [
     "tensorboard_request",
     "update_cluster",
     "upload_folder",
-    "upload_part",
+    "upload_parts",
     "validate_request",
     "with_latest_operations",
     "write_file",

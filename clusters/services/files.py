@@ -15,7 +15,12 @@ def agent_call(cluster, operation, *args, **kwargs):
     try:
         return getattr(get_backend(cluster.backend).agent(cluster), operation)(*args, **kwargs)
     except BackendError as exc:
-        raise (Unavailable if exc.retryable else Conflict)(str(exc)) from None
+        raise failure(exc) from None
+
+
+def failure(exc):
+    """The ConsoleError for a backend's error: Unavailable when trying again may do, Conflict otherwise."""
+    return (Unavailable if exc.retryable else Conflict)(str(exc))
 
 
 def file_exists(cluster, path):
@@ -70,12 +75,18 @@ def prune_files(cluster, path, older_than):
     return agent_call(cluster, "prune", path, older_than)
 
 
-def upload_part(cluster, path, url, offset, length, headers=None):
-    """The cluster's agent sends the file's bytes [offset, offset + length) to `url`, a URL signed for one
-    part of a multipart upload into the registry's artifact store: the bytes go from the cluster to the
-    store, not through the console. The part's {"etag", "bytes"}; Conflict when the file is gone or
-    shorter, or the store refused the part."""
-    return agent_call(cluster, "upload", path, url, offset, length, headers=headers)
+def upload_parts(cluster, path, parts, at_once=1):
+    """The cluster's agent sends, for each of `parts` ((key, url, offset, length, headers)), the file's
+    bytes [offset, offset + length) to `url`, a URL signed for one part of a multipart upload into the
+    registry's artifact store: the bytes go from the cluster to the store, not through the console.
+    `at_once` parts are in flight at a time; yields (key, the part's {"etag", "bytes"}) as each ends. The
+    first failure is raised (Conflict when the file is gone or shorter, or the store refused the part):
+    parts not yet begun are dropped, those under way end on their own (the caller aborts the upload, so
+    the store keeps none of them)."""
+    try:
+        yield from get_backend(cluster.backend).agent(cluster).uploads(path, parts, at_once)
+    except BackendError as exc:
+        raise failure(exc) from None
 
 
 PART = 4 << 20  # the agent's largest read and write

@@ -1,7 +1,7 @@
 """Checkpoints too big to pass through the console (over settings.RUN_ARCHIVE_MAX_BYTES) go from the
 cluster straight into the registry's artifact store, by MLflow's own multipart upload: the MLflow server
 opens the upload in its store (a GCS bucket, S3 or Azure behind --artifacts-destination) and signs one
-URL per part, the cluster agent PUTs each part from the shared home (clusters.upload_part), and MLflow
+URL per part, the cluster agent PUTs each part from the shared home (clusters.upload_parts, several at once), and MLflow
 completes the upload. The bytes never pass through the console, and the console holds no bucket
 credentials. A store that takes no multipart uploads (MLflow's local folder: the embedded registry)
 raises NotDirect, and the checkpoint stays on the cluster's storage, as before.
@@ -57,7 +57,8 @@ def part_size(size):
 
 def send_file(cluster, repo, path, name, size, artifact_path, sent):
     """Put the cluster's file `path` (`size` bytes) into the run's artifacts as `artifact_path`/`name`,
-    part by part through the cluster agent; sent(bytes) after each part. NotDirect when the store takes
+    part by part through the cluster agent, RUN_ARCHIVE_PARALLEL_PARTS at a time; sent(bytes) after each
+    part. NotDirect when the store takes
     no multipart uploads; Conflict when the file went or the store refused a part (the upload is then
     aborted, nothing is left half-made)."""
     from mlflow.entities.multipart_upload import MultipartUploadPart
@@ -77,13 +78,14 @@ def send_file(cluster, repo, path, name, size, artifact_path, sent):
             raise NotDirect("the registry's artifact store takes no multipart uploads") from None
         raise ConsoleError(f"the model registry refused to open an upload of {name}") from None
     try:
+        todo = [(c.part_number, c.url, (c.part_number - 1) * part, min(part, size - (c.part_number - 1) * part),
+                 c.headers or {}) for c in sorted(created.credentials, key=lambda c: c.part_number)]  # fmt: skip
+        lengths = {number: length for number, _url, _offset, length, _headers in todo}
         parts = []
-        for credential in sorted(created.credentials, key=lambda c: c.part_number):
-            offset = (credential.part_number - 1) * part
-            length = min(part, size - offset)
-            answer = clusters.upload_part(cluster, path, credential.url, offset, length, credential.headers or {})
-            parts.append(MultipartUploadPart(part_number=credential.part_number, etag=answer["etag"]))
-            sent(length)
+        for number, answer in clusters.upload_parts(cluster, path, todo, settings.RUN_ARCHIVE_PARALLEL_PARTS):
+            parts.append(MultipartUploadPart(part_number=number, etag=answer["etag"]))
+            sent(lengths[number])
+        parts.sort(key=lambda p: p.part_number)
         with answering(f"complete the upload of {name}"):
             repo.complete_multipart_upload(name, created.upload_id, parts, artifact_path)
     except BaseException:
