@@ -2,6 +2,7 @@
 and endpoint tests, the secret-leak check, the v1beta1 create, and waits on operations and local nodes.
 Test modules import these, never each other."""
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -147,3 +148,18 @@ def free_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def connected_in_a_burst(address, count=40, wait=0.5):
+    """How many of `count` connections to a listening `address` open within `wait` seconds each while
+    nothing accepts them (a server busy a moment): the kernel queues as many as the listen backlog and
+    drops the SYNs of the rest, which a client retries only 1 s later (then 3, 7, ... s)."""
+    opened = []
+    try:
+        for _ in range(count):
+            with contextlib.suppress(TimeoutError):
+                opened.append(socket.create_connection(address, timeout=wait))
+        return len(opened)
+    finally:
+        for connection in opened:
+            connection.close()

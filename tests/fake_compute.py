@@ -60,6 +60,14 @@ INSTANCE_TYPES = {"file": "google.cloud.filestore.v1.Instance", "lustre": "googl
 FILTER = re.compile(r'labels\.(?P<key>[\w-]+)\s*=\s*"?(?P<value>[^"\s)]+)"?')
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Every booting VM's metadata reads, long polls and Secret Manager calls at once: with Python's default
+    # backlog of 5 the kernel dropped SYNs beyond it, and a dropped one was retried 1, 3, 7 ... s later (a
+    # node's read once failed after the 127 s of every retry).
+    request_queue_size = 1024
+
+
 class Injection:
     def __init__(self, method, pattern, times, http_status=None, code="", message=""):
         self.method, self.pattern, self.times = method, re.compile(pattern), times
@@ -112,8 +120,7 @@ class FakeGoogleCloud:
         # {instance name: n}: its metadata server answers 503 to the next n requests after the startup script's
         # own fetch (the guest agent's), as the real one can while a VM starts.
         self.metadata_outages = {}
-        self.server = ThreadingHTTPServer((self.vpc.gateway if boot else "127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
+        self.server = Server((self.vpc.gateway if boot else "127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property

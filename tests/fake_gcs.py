@@ -63,8 +63,10 @@ class FakeGCS:
         # Part PUTs under way at once, the most seen, and (a test's) how many each waits for (at most 5 s).
         self.parts_in_flight = self.most_parts_in_flight = self.hold_parts = 0
         self.flight = threading.Condition()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
-        self.server.daemon_threads = True
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler(), bind_and_activate=False)
+        self.server.daemon_threads, self.server.request_queue_size = True, 1024  # parts at once: no SYN dropped
+        self.server.server_bind()
+        self.server.server_activate()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def start(self):

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from clusters.agent.client import AgentClient, AgentEndpoint, AgentRefused
 from clusters.work import TransientBackendError
 
 from .conftest import agent_process, wait_until
+from .factories import connected_in_a_burst
 
 
 @pytest.fixture(scope="module")
@@ -479,3 +481,15 @@ def test_a_part_beyond_the_file_or_refused_by_the_store_is_an_error_that_keeps_t
     with pytest.raises(AgentRefused) as silent:
         client.upload("runs/54/weights", "http://127.0.0.1:9/b/o?X-Goog-Signature=5ec7e7", offset=0, length=100)
     assert silent.value.status == 502 and "did not answer" in str(silent.value) and "5ec7e7" not in str(silent.value)
+
+
+def test_a_burst_of_connections_waits_for_the_agent_none_is_dropped():
+    """The agent takes many calls at once (a worker's parallel part uploads, TensorBoard's page fetching
+    dozens of files through the console, the sync's reads). With Python's default backlog of 5, a burst
+    beyond it while the accept loop was busy had its SYNs dropped: 1 s, 3 s, ... until the 127 s of every
+    retry failed the call."""
+    agent = server.AgentServer(("127.0.0.1", 0), BaseHTTPRequestHandler)  # listening; nothing accepts yet
+    try:
+        assert connected_in_a_burst(agent.server_address[:2]) == 40
+    finally:
+        agent.server_close()

@@ -26,7 +26,7 @@ from recipes.models import Endpoint, EndpointStatus, Replica, ReplicaState
 from recipes.node import chat
 
 from .conftest import Worker, api_client_for, example_spec, purge_queue, stop_local_clusters, wait_until
-from .factories import a_version, call, fresh
+from .factories import a_version, call, connected_in_a_burst, fresh
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -1045,6 +1045,21 @@ def test_a_replica_counts_its_requests_in_flight_on_its_health(monkeypatch):
     asking.join(10)
     assert health() == 0
     server.shutdown()
+
+
+def test_a_replica_queues_a_burst_of_new_connections_and_drops_none():
+    """Routers starting, health checks beside requests: a burst of new connections while the replica's
+    accept loop is busy. Python's default backlog of 5 had the kernel drop the SYNs beyond it, each
+    retried 1 s later: a second of latency from nothing but the burst."""
+    from http.server import BaseHTTPRequestHandler
+
+    from recipes.node import serve
+
+    server = serve.listening("127.0.0.1", "", BaseHTTPRequestHandler)  # listening; nothing accepts yet
+    try:
+        assert connected_in_a_burst(server.server_address[:2]) == 40
+    finally:
+        server.server_close()
 
 
 def test_a_stream_of_made_up_tokens_costs_one_lookup_each_and_never_the_routers_memory(settings, monkeypatch):

@@ -5,7 +5,11 @@ another; an expired token is a 401, another project's a 404 (the live endpoint w
 SDK: test_endpoints.py)."""
 
 import asyncio
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -17,8 +21,8 @@ from django.utils import timezone
 from console.models import APIToken
 from recipes.serving import router as routing
 
-from .conftest import REPLICA_TOKEN
-from .factories import call, free_port
+from .conftest import REPLICA_TOKEN, wait_until
+from .factories import call, connected_in_a_burst, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -272,3 +276,27 @@ def test_a_replica_answers_its_router_alone(alpha, alice, replica):
     _, console_token = APIToken.issue(alice, "router")
     [(status, body)] = through(alpha, [(2, replica, "tiny:v1", REPLICA_TOKEN)], [completion(console_token)])
     assert status == 200 and body["choices"][0]["text"] is not None
+
+
+def test_a_burst_of_new_clients_waits_for_the_router_none_is_dropped(settings):
+    """Hundreds of clients connecting at once while the router's loop is busy: aiohttp's default backlog of
+    128 had the kernel drop the SYNs beyond it, and each of those clients waited 1 s (or 3, 7 ...) more."""
+    port = free_port()
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings_test", "CONSOLE_WORKER_USES_TEST_DB": "1"}
+    router = subprocess.Popen([sys.executable, "manage.py", "router", "--port", str(port)], cwd=settings.BASE_DIR,
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+    def listening():
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until(listening, timeout=60, message="the router to listen")
+        router.send_signal(signal.SIGSTOP)  # busy: it accepts nothing for a moment
+        try:
+            assert connected_in_a_burst(("127.0.0.1", port), count=300, wait=0.2) == 300
+        finally:
+            router.send_signal(signal.SIGCONT)
+    finally:
+        router.terminate()
+        router.wait(timeout=20)

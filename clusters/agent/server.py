@@ -908,6 +908,10 @@ class AgentServer(ThreadingHTTPServer):
     thread, with a time limit, so a client that stalls holds up no other."""
 
     daemon_threads = True
+    # Connections a burst may leave waiting for accept() (a worker's parallel part uploads, TensorBoard's
+    # page fetching dozens of files through the console, the sync's reads): Python's default of 5 had the
+    # kernel drop the SYNs beyond it, each retried 1 s later, then 3, 7, ... s, failing after 127 s.
+    request_queue_size = 1024
 
     def __init__(self, address, handler, certificate=None):
         self.certificate = certificate

@@ -470,6 +470,25 @@ def bind_in(host, ports):
     raise SystemExit(f"[serve] no free port in {ports} on {host}")
 
 
+class ReplicaServer(ThreadingHTTPServer):
+    daemon_threads = True
+    # Connections a burst may leave waiting for accept(): Python's default of 5 had the kernel drop the
+    # SYNs beyond it, each retried 1 s later (then 3, 7, ... s): seconds of latency from nothing but a
+    # burst of new connections (routers starting, health checks beside requests).
+    request_queue_size = 1024
+
+
+def listening(host, ports, handler):
+    """The replica's HTTP server, listening on `host` on a free port of `ports` (bind_in)."""
+    server = ReplicaServer((host, 0), handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = bind_in(host, ports)  # already bound: the port is taken from the range, not 0
+    server.server_address = server.socket.getsockname()
+    server.server_name, server.server_port = host, server.server_address[1]  # what server_bind would set
+    server.server_activate()
+    return server
+
+
 def free_port(host="0.0.0.0", ports=""):
     """A port of `ports` free now (vLLM binds it itself a moment later)."""
     with bind_in(host, ports) as probe:
@@ -577,13 +596,7 @@ def main(argv=None):
         return serve_vllm(args)
     model = Model(args.model, args.served_name, args.version, args.threads)
     host = bind_address(args.bind)
-    server = ThreadingHTTPServer((host, 0), handler_for(model, args.token), bind_and_activate=False)
-    server.socket.close()
-    server.socket = bind_in(host, args.ports)  # already bound: the port is taken from the range, not 0
-    server.server_address = server.socket.getsockname()
-    server.server_name, server.server_port = host, server.server_address[1]  # what server_bind would set
-    server.server_activate()
-    server.daemon_threads = True
+    server = listening(host, args.ports, handler_for(model, args.token))
     announce(args.announce, server.server_address[1], args.version, host)
     server.serve_forever()
 

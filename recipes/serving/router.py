@@ -589,5 +589,11 @@ def application():
     return app
 
 
+# New connections a burst may leave waiting for accept() while the loop is busy (hundreds of clients
+# connecting at once): aiohttp's default of 128 had the kernel drop the SYNs beyond it, each retried by
+# the client 1 s later (then 3, 7, ... s). The kernel caps it at net.core.somaxconn (4096 by default).
+BACKLOG = 4096
+
+
 def serve(host, port):
-    web.run_app(application(), host=host, port=port, access_log=None, print=lambda *_: None)
+    web.run_app(application(), host=host, port=port, access_log=None, print=lambda *_: None, backlog=BACKLOG)
