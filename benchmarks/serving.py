@@ -102,7 +102,7 @@ def serve_router(project, replicas):
             app.on_startup.append(startup)
             runner = web.AppRunner(app)
             await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", port).start()
+            await web.TCPSite(runner, "127.0.0.1", port, backlog=routing.BACKLOG).start()
             ready.set()
             await asyncio.Event().wait()
 
