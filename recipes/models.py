@@ -273,6 +273,22 @@ class Endpoint(models.Model):
     def set_status(self, new, *, expected, **fields):
         return compare_and_set(self, expected=expected, status=new, **fields)
 
+    def roll_progress(self):
+        """The roll under way (replicas of another version still run beside the wanted one's), or None:
+        {"to", "ready", "wanted", "old", "draining", "percent"}, the percent counting each new replica
+        ready and each old one stopped (recipes/serving/reconcile.py drains one old for each new ready)."""
+        if self.serving_id is None or self.status == EndpointStatus.FAILED:
+            return None
+        running = list(self.replicas.filter(state__in=ReplicaState.running()).values_list("version_id", "state"))
+        old = [state for version, state in running if version != self.serving_id]
+        if not old:
+            return None
+        wanted = max(1, self.desired_replicas)
+        ready = min(wanted, sum(v == self.serving_id and state == ReplicaState.READY for v, state in running))
+        draining = old.count(ReplicaState.DRAINING)
+        return {"to": self.serving.ref, "ready": ready, "wanted": wanted, "old": len(old) - draining,
+                "draining": draining, "percent": 100 * ready // (wanted + len(old))}  # fmt: skip
+
 
 class ReplicaState(models.TextChoices):
     STARTING = "STARTING", "Starting"  # its Slurm job is queued or loading the model

@@ -879,7 +879,9 @@ def test_a_roll_whose_new_replica_never_serves_fails_keeps_the_old_serving_and_w
 
 
 @pytest.mark.django_db
-def test_a_roll_onto_a_full_cluster_drains_an_old_replica_for_each_new_one_ready(scripted, alpha, alice, monkeypatch):
+def test_a_roll_onto_a_full_cluster_drains_an_old_replica_for_each_new_one_ready(
+    scripted, alpha, alice, monkeypatch, client
+):
     """CI: the endpoint scaled up to 2 while rolling onto a two-node cluster; v2's first replica was ready,
     its second waited in Slurm for the node v1's replica held, and v1 was drained only once both v2
     replicas were ready: never. Now each new replica ready lets one old one go, and as many serve as
@@ -944,8 +946,17 @@ def test_a_roll_onto_a_full_cluster_drains_an_old_replica_for_each_new_one_ready
     ready(started[0])
     assert serving_now(endpoint) == ["llama:v1", "llama:v2"]
     assert serving_now(endpoint) == ["llama:v1", "llama:v2"]  # and stays so while the second starts
+    # The page shows the roll's progress: one new ready of two, one old serving, one draining.
+    client.force_login(alice)
+    page = client.get("/endpoints/alpha/chat/live/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'id="roll"' in page and 'aria-valuenow="25"' in page
+    assert "1 of 2 new replicas ready · 1 old serving, 1 draining" in page
+    shown = api_client_for(alice).get("/api/v1/projects/alpha/endpoints/chat/").json()
+    assert shown["roll"] == {"to": "llama:v2", "ready": 1, "wanted": 2, "old": 1, "draining": 1, "percent": 25}
     ready(started[1])
     assert serving_now(endpoint) == ["llama:v2", "llama:v2"]
+    Replica.objects.filter(endpoint=endpoint, state=ReplicaState.DRAINING).update(state=ReplicaState.STOPPED)
+    assert 'id="roll"' not in client.get("/endpoints/alpha/chat/").content.decode()  # over
     serving.server.shutdown()
     serving.server.server_close()
 

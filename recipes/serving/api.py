@@ -20,11 +20,12 @@ class EndpointSerializer(serializers.ModelSerializer):
     serving = serializers.SerializerMethodField()
     replicas = serializers.SerializerMethodField()
     failure = serializers.SerializerMethodField()
+    roll = serializers.SerializerMethodField()
 
     class Meta:
         model = Endpoint
         fields = ["id", "name", "cluster", "model", "version", "alias", "serving", "status", "failure",
-                  "min_replicas", "max_replicas", "target_in_flight", "target_p95_ms", "gpus_per_replica",
+                  "roll", "min_replicas", "max_replicas", "target_in_flight", "target_p95_ms", "gpus_per_replica",
                   "desired_replicas", "replicas", "created"]  # fmt: skip
 
     def get_failure(self, endpoint) -> dict | None:
@@ -32,6 +33,10 @@ class EndpointSerializer(serializers.ModelSerializer):
         if not endpoint.failed_version_id:
             return None
         return {"version": endpoint.failed_version.ref, "reason": endpoint.failure}
+
+    def get_roll(self, endpoint) -> dict | None:
+        """The roll under way: {"to", "ready", "wanted", "old", "draining", "percent"}; null when none is."""
+        return endpoint.roll_progress()
 
     def get_serving(self, endpoint) -> str | None:
         return endpoint.serving.ref if endpoint.serving else None
