@@ -1,8 +1,8 @@
 """Checkpoints too big to pass through the console (over settings.RUN_ARCHIVE_MAX_BYTES) go from the
 cluster straight into the registry's artifact store, by MLflow's own multipart upload: the MLflow server
 opens the upload in its store (a GCS bucket, S3 or Azure behind --artifacts-destination) and signs one
-URL per part, the cluster agent PUTs each part from the shared home (clusters.upload_parts, several at once), and MLflow
-completes the upload. The bytes never pass through the console, and the console holds no bucket
+URL per part, the cluster agent PUTs the parts from the shared home, several at once (clusters.upload_parts),
+and MLflow completes the upload. The bytes never pass through the console, and the console holds no bucket
 credentials. A store that takes no multipart uploads (MLflow's local folder: the embedded registry)
 raises NotDirect, and the checkpoint stays on the cluster's storage, as before.
 
@@ -58,9 +58,8 @@ def part_size(size):
 def send_file(cluster, repo, path, name, size, artifact_path, sent):
     """Put the cluster's file `path` (`size` bytes) into the run's artifacts as `artifact_path`/`name`,
     part by part through the cluster agent, RUN_ARCHIVE_PARALLEL_PARTS at a time; sent(bytes) after each
-    part. NotDirect when the store takes
-    no multipart uploads; Conflict when the file went or the store refused a part (the upload is then
-    aborted, nothing is left half-made)."""
+    part. NotDirect when the store takes no multipart uploads; Conflict when the file went or the store
+    refused a part (the upload is then aborted, nothing is left half-made)."""
     from mlflow.entities.multipart_upload import MultipartUploadPart
     from mlflow.exceptions import _UnsupportedMultipartUploadException
 
