@@ -44,6 +44,13 @@ def train(folder, ranks=1):
     return train_on_ranks(folder, ranks)
 
 
+def test_a_run_told_not_to_keep_its_last_step_saves_and_exports_nothing(tmp_path):
+    """A speed benchmark's 8B run would write a 96 GB checkpoint and a 32 GB export it never reads."""
+    result = train(config(tmp_path / "bench", tensor=1, steps=3, checkpoint_every=100, final_checkpoint=False))
+    assert result["step"] == 3 and len(losses(tmp_path / "bench")) == 3
+    assert not list((tmp_path / "bench" / "checkpoints").glob("step-*")) and not (tmp_path / "bench" / "model").exists()
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma"])
 def test_a_2x2_mesh_trains_to_the_loss_of_one_rank_with_the_same_global_batch(tmp_path, family):
     """FSDP2 x tensor (and sequence) parallel on four CPU ranks. Gemma trains as the full profiles do on GPUs:

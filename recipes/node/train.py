@@ -475,6 +475,9 @@ def train(config):
     writer = SummaryWriter(str(out / "tensorboard")) if rank == 0 else None
     metrics = (out / "metrics.jsonl").open("a") if rank == 0 else None
     started, tokens_done = time.perf_counter(), 0
+    # A run saves its last step (what resumes it and what is exported) unless told not to: a speed
+    # benchmark (benchmarks/gpu_recipe.py), whose 8B checkpoint would be 96 GB of disk for nothing.
+    save_last = config.get("final_checkpoint", True)
     while step < config["steps"]:
         position, x_all, y_all = next(stream)
         total = int((y_all != -100).sum())  # the global batch's tokens the loss is averaged over
@@ -527,7 +530,7 @@ def train(config):
                     writer.add_scalar(f"train/{key}", record[key], step)
             if step % config.get("log_every", 10) == 0 or step == config["steps"]:
                 log(rank, f"step {step} loss {record['loss']:.4f} tokens/s {record['tokens_per_s']}")
-        if step % config["checkpoint_every"] == 0 or step == config["steps"]:
+        if step % config["checkpoint_every"] == 0 or (step == config["steps"] and save_last):
             train_state = {"scheduler": scheduler.state_dict(), "position": position}
             seconds = checkpointer.save(step, model, optimizer, train_state, extra=keep_architecture)
             event(out, rank, "checkpoint_saved", step=step, seconds=round(seconds, 4), asynchronous=asynchronous)
@@ -557,7 +560,7 @@ def train(config):
     if rank == 0:
         # The run's model in Hugging Face format, what the registry stores and servers load, written
         # before result.json: a run that has a result has its model.
-        if config.get("export_model", True):
+        if config.get("export_model", True) and save_last:
             export(config, checkpoints / f"step-{step}", out / "model", step=step, final_loss=result["final_loss"])
         (out / "result.json").write_text(json.dumps(result))
     if world > 1:
