@@ -88,7 +88,7 @@ def run(name, ranks, steps, warmup, accelerator, cpu):
     peak = max(line["peak_memory_mb"] for line in lines) / 1024
     shape = f"{layers} of {whole} layers" if layers < whole else f"all {whole} layers"
     print(f"{name}: {ranks} x {accelerator or 'CPU rank'}, {shape}, {time.perf_counter() - started:.0f} s: "
-          f"{per_gpu:,.0f} tokens/s per GPU in steps {first['step'] + 1}-{last['step']}, "
+          f"{per_gpu:,.0f} tokens/s per {'rank' if cpu else 'GPU'} in steps {first['step'] + 1}-{last['step']}, "
           + (f"MFU {mfu:.1%}, " if mfu else "")
           + f"peak {peak:.1f} GB" + (f" (fit check {estimate.total / fit.GB:.1f} GB)" if estimate else ""))  # fmt: skip
 
