@@ -19,6 +19,7 @@ from _setup import WORK, scratch_django
 
 scratch_django()
 
+from recipes.registry.direct import spans  # noqa: E402
 from tests.conftest import agent_process, mlflow_process  # noqa: E402
 from tests.factories import free_port  # noqa: E402
 from tests.fake_gcs import FakeGCS  # noqa: E402
@@ -66,10 +67,8 @@ def main():
         for at_once in (1, 4):  # recipes/registry/direct.py's calls, RUN_ARCHIVE_PARALLEL_PARTS at once
             started_at = time.perf_counter()
             created = repo.create_multipart_upload("weights", count, f"direct-{at_once}")
-            todo = [(c.part_number, c.url, (c.part_number - 1) * part, min(part, size - (c.part_number - 1) * part),
-                     {}) for c in created.credentials]  # fmt: skip
             parts = sorted((MultipartUploadPart(part_number=number, etag=answer["etag"])
-                            for number, answer in agent.uploads(path, todo, at_once)),
+                            for number, answer in agent.uploads(path, spans(created.credentials, part, size), at_once)),
                            key=lambda p: p.part_number)  # fmt: skip
             repo.complete_multipart_upload("weights", created.upload_id, parts, f"direct-{at_once}")
             direct[at_once] = time.perf_counter() - started_at

@@ -16,8 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from clusters.health import load_checks  # noqa: E402
-
-NAMES = {"H100": "NVIDIA_H100_MEGA_80GB", "H200": "NVIDIA_H200_141GB", "B200": "NVIDIA_B200"}
+from clusters.health.checks.gpu_inventory import accelerator_type  # noqa: E402
 
 
 def gpus():
@@ -32,7 +31,7 @@ def gpus():
 
 def main():
     count, name = gpus()
-    accelerator = sys.argv[1] if len(sys.argv) > 1 else next((v for k, v in NAMES.items() if k in name), "")
+    accelerator = sys.argv[1] if len(sys.argv) > 1 else accelerator_type(name)
     figures = json.loads((ROOT / "clusters/data/accelerators.json").read_text()).get(accelerator)
     context = {
         "backend": "smoke",

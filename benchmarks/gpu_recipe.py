@@ -36,11 +36,11 @@ except ImportError as missing:  # the catalog and the fit check are the console'
     print(f"skipped: {missing.name} is missing (run it with the console's .venv)")
     sys.exit(0)
 
+from clusters.health.checks.gpu_inventory import accelerator_type
 from recipes.runs import fit
 from recipes.runs.launch import offline_config
 
 RECIPE = "llama3.1-8b-pretrain"
-NAMES = {"H100": "NVIDIA_H100_80GB", "H200": "NVIDIA_H200_141GB", "B200": "NVIDIA_B200", "GB200": "NVIDIA_GB200"}
 
 
 def layers_that_fit(config, ranks, accelerator):
@@ -114,7 +114,7 @@ def main():
         print("skipped: no GPU here (--cpu checks the script on CPU ranks)")
         return 0
     gpus, name = torch.cuda.device_count(), torch.cuda.get_device_name(0)
-    accelerator = next((v for k, v in NAMES.items() if k in name.split()), "")
+    accelerator = accelerator_type(name)
     if not accelerator:
         print(f"skipped: no bf16 peak known for {name} (clusters/data/accelerators.json)")
         return 0

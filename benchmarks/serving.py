@@ -94,9 +94,8 @@ def serve_router(project, replicas):
 
             async def startup(_app):
                 await routing.Router.start(router, _app)
-                for task in _app[routing.TASKS][
-                    :2
-                ]:  # no table from the database (this one), no samples: no endpoint row
+                # No table from the database (this one), no samples: no endpoint row.
+                for task in _app[routing.TASKS][:2]:
                     task.cancel()
                 router.routes = {("bench", "chat"): routing.Route(1, project.pk, replicas, "tiny:v1", "chat",
                                                                   ("chat",))}  # fmt: skip

@@ -14,6 +14,7 @@ signs part URLs for 60 minutes (its GCS and S3 repositories), so one file's part
 that hour; a copy interrupted between files goes on with the next file (runs/... archive["copying"]).
 
     repository(mlflow, run_id)                         the run's artifact repository, or NotDirect
+    spans(credentials, part, size)                     what each signed part URL takes of the file
     send_file(cluster, repo, path, name, size, artifact_path, sent)   one file of the cluster's home, whole
 """
 
@@ -55,6 +56,16 @@ def part_size(size):
     return part
 
 
+def spans(credentials, part, size):
+    """(part number, URL, offset, length, headers) of each part MLflow signed, in order: the bytes of a file
+    of `size` each part URL takes, in parts of `part` bytes (what clusters.upload_parts sends)."""
+    out = []
+    for credential in sorted(credentials, key=lambda c: c.part_number):
+        offset = (credential.part_number - 1) * part
+        out.append((credential.part_number, credential.url, offset, min(part, size - offset), credential.headers or {}))
+    return out
+
+
 def send_file(cluster, repo, path, name, size, artifact_path, sent):
     """Put the cluster's file `path` (`size` bytes) into the run's artifacts as `artifact_path`/`name`,
     part by part through the cluster agent, RUN_ARCHIVE_PARALLEL_PARTS at a time; sent(bytes) after each
@@ -77,13 +88,11 @@ def send_file(cluster, repo, path, name, size, artifact_path, sent):
             raise NotDirect("the registry's artifact store takes no multipart uploads") from None
         raise ConsoleError(f"the model registry refused to open an upload of {name}") from None
     try:
-        todo = [(c.part_number, c.url, (c.part_number - 1) * part, min(part, size - (c.part_number - 1) * part),
-                 c.headers or {}) for c in sorted(created.credentials, key=lambda c: c.part_number)]  # fmt: skip
-        lengths = {number: length for number, _url, _offset, length, _headers in todo}
         parts = []
+        todo = spans(created.credentials, part, size)
         for number, answer in clusters.upload_parts(cluster, path, todo, settings.RUN_ARCHIVE_PARALLEL_PARTS):
             parts.append(MultipartUploadPart(part_number=number, etag=answer["etag"]))
-            sent(lengths[number])
+            sent(answer["bytes"])
         parts.sort(key=lambda p: p.part_number)
         with answering(f"complete the upload of {name}"):
             repo.complete_multipart_upload(name, created.upload_id, parts, artifact_path)

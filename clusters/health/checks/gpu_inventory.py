@@ -6,12 +6,19 @@ from .gpu import run
 # The partition's accelerator type -> what `nvidia-smi -L` names its GPUs with ("NVIDIA H100 80GB HBM3"
 # on A3 High, Edge and Mega, "NVIDIA H200" on A3 Ultra, "NVIDIA B200" on A4: tests/fixtures/gpu/).
 MODELS = {
+    "NVIDIA_H100_MEGA_80GB": "H100",  # first of the two H100s (the same figures): what accelerator_type() names
     "NVIDIA_H100_80GB": "H100",
-    "NVIDIA_H100_MEGA_80GB": "H100",
     "NVIDIA_H200_141GB": "H200",
     "NVIDIA_B200": "B200",
     "NVIDIA_GB200": "GB200",  # A4X: "GPU 0: NVIDIA GB200 (UUID: ...)" (tests/fixtures/gpu/README.md)
 }
+
+
+def accelerator_type(gpu_name):
+    """The accelerator type whose model the GPU's name ("NVIDIA H200", torch's or nvidia-smi's) carries as a
+    word ("GB200" is not a "B200"); "" for another GPU."""
+    words = gpu_name.split()
+    return next((kind for kind, model in MODELS.items() if model in words), "")
 
 
 @check("gpu_inventory")
